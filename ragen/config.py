@@ -1,0 +1,129 @@
+"""The root config schema and the start-up checks.
+
+`RagenConfig` is registered with Hydra's ConfigStore as `ragen_schema`; `config/base.yaml` builds on it
+and each environment's YAML builds on `base`. Hydra rejects unknown keys and wrong types itself;
+`validate()` rejects impossible values, each with a message that names the key, before any model loads.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from ragen.envs import ENV_REGISTRY, check_env_config
+from verl.trainer.config import ActorRolloutRefConfig, AlgorithmConfig, RayConfig, TrainerConfig
+
+
+@dataclass
+class EnvMixConfig:
+    tags: list[str] = field(default_factory=lambda: ["SimpleSokoban"])  # keys of custom_envs
+    n_groups: list[int] = field(default_factory=lambda: [8])  # groups per tag; sums to env_groups
+
+
+@dataclass
+class EnvGroupsConfig:
+    env_groups: int = 8  # distinct start states (seeds) per batch
+    group_size: int = 16  # trajectories per start state (GRPO compares within a group)
+    env_configs: EnvMixConfig = field(default_factory=EnvMixConfig)
+
+
+@dataclass
+class EsManagerConfig:
+    format_penalty: float = -0.1  # added to a turn's reward when the reply is malformed
+    train: EnvGroupsConfig = field(default_factory=EnvGroupsConfig)
+
+
+@dataclass
+class CustomEnvConfig:
+    env_type: str = "sokoban"  # key of ragen.envs.ENV_REGISTRY
+    max_actions_per_traj: int = 10  # step budget of one trajectory, over all its turns
+    env_config: dict[str, Any] = field(default_factory=dict)  # fields of the env's config dataclass
+
+
+@dataclass
+class AgentProxyConfig:
+    max_turn: int = 5  # LLM turns per trajectory
+    max_actions_per_turn: int = 2  # actions parsed from one <answer>; extra ones are dropped
+    action_sep: str = "||"  # separator between actions inside <answer>
+    enable_think: bool = True  # ask for <think>...</think> before <answer> (and force the opening tag)
+
+
+@dataclass
+class RagenConfig:
+    model_path: str = "bundled:SmolLM2-135M-Instruct"  # bundled model, local HF folder, or hub id
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    es_manager: EsManagerConfig = field(default_factory=EsManagerConfig)
+    agent_proxy: AgentProxyConfig = field(default_factory=AgentProxyConfig)
+    custom_envs: dict[str, CustomEnvConfig] = field(default_factory=dict)
+
+
+ConfigStore.instance().store(name="ragen_schema", node=RagenConfig)
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the fix."""
+
+
+def validate(cfg: RagenConfig, world_size: int) -> None:
+    """Reject impossible values at start-up, before any model or worker is created."""
+    from verl.trainer.core_algos import ADV_ESTIMATORS  # torch import; keep `ragen.config` light
+    from verl.workers.rollout import ROLLOUT_ENGINES
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    actor, rollout, train = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.es_manager.train
+    check(cfg.trainer.backend in ("ray", "local"), f"trainer.backend={cfg.trainer.backend!r}: use 'ray' or 'local'")
+    check(cfg.trainer.total_training_steps >= 1, "trainer.total_training_steps must be >= 1")
+    check(world_size == 1 or cfg.trainer.backend == "ray", "trainer.backend=local runs one rank: set the ranks to 1")
+    check(cfg.algorithm.adv_estimator in ADV_ESTIMATORS,
+          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: choose one of {sorted(ADV_ESTIMATORS)}")
+    check(rollout.name in ROLLOUT_ENGINES,
+          f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
+    check(rollout.temperature > 0, "actor_rollout_ref.rollout.temperature must be > 0")
+    check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must be in (0, 1]")
+    check(rollout.response_length >= 1, "actor_rollout_ref.rollout.response_length must be >= 1")
+    for name in ("clip_ratio_low", "clip_ratio_high"):
+        check(0 < getattr(actor, name) < 1, f"actor_rollout_ref.actor.{name} must be in (0, 1)")
+    check(cfg.agent_proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
+    check(cfg.agent_proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
+    check(bool(cfg.agent_proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
+
+    # Batch sizes: the rollout batch splits into ranks, then mini-batches, then micro-batches.
+    batch_size = train.env_groups * train.group_size
+    check(train.env_groups >= 1 and train.group_size >= 1, "es_manager.train.env_groups and group_size must be >= 1")
+    check(cfg.algorithm.adv_estimator != "grpo" or train.group_size >= 2,
+          "algorithm.adv_estimator=grpo compares trajectories within a group: es_manager.train.group_size must be >= 2")
+    check(batch_size % actor.ppo_mini_batch_size == 0,
+          f"es_manager.train.env_groups * group_size = {batch_size} is not divisible by "
+          f"actor_rollout_ref.actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size}")
+    check(actor.ppo_mini_batch_size % world_size == 0,
+          f"actor_rollout_ref.actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size} is not divisible by "
+          f"the number of ranks ({world_size})")
+    per_rank = actor.ppo_mini_batch_size // world_size
+    check(per_rank % actor.ppo_micro_batch_size_per_gpu == 0,
+          f"actor_rollout_ref.actor.ppo_mini_batch_size per rank = {per_rank} is not divisible by "
+          f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = {actor.ppo_micro_batch_size_per_gpu}")
+
+    # Environments: the mix must name defined envs and add up to env_groups.
+    mix = train.env_configs
+    check(len(mix.tags) == len(mix.n_groups) and len(mix.tags) > 0,
+          "es_manager.train.env_configs.tags and n_groups must be non-empty lists of the same length")
+    check(sum(mix.n_groups) == train.env_groups,
+          f"es_manager.train.env_configs.n_groups sums to {sum(mix.n_groups)}, "
+          f"but es_manager.train.env_groups = {train.env_groups}")
+    for tag in mix.tags:
+        check(tag in cfg.custom_envs, f"es_manager.train.env_configs.tags: {tag!r} is not defined under custom_envs "
+                                      f"(defined: {sorted(cfg.custom_envs)})")
+    for tag, env in cfg.custom_envs.items():
+        check(env.env_type in ENV_REGISTRY,
+              f"custom_envs.{tag}.env_type={env.env_type!r}: registered types are {sorted(ENV_REGISTRY)}")
+        check(env.max_actions_per_traj >= 1, f"custom_envs.{tag}.max_actions_per_traj must be >= 1")
+        try:
+            check_env_config(env.env_type, dict(env.env_config))
+        except ValueError as e:
+            raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e

@@ -1,0 +1,165 @@
+"""ContextManager: turns environment states into prompt token ids and model replies into actions.
+
+Token-exactness: a trajectory is built incrementally from token ids. The chat-template text of each new
+environment message is tokenized once and appended; the model's generated ids are appended verbatim.
+Nothing is ever decoded and re-encoded, so the sequence trained on is exactly the one the model saw and
+produced, and `loss_mask` is 1 on exactly the generated ids.
+
+The template pieces come from the tokenizer's own chat template, by rendering a probe conversation with
+and without the new message and taking the difference; this works for ChatML (SmolLM2, Qwen2.5) and
+header-style (Llama-3) templates alike.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ragen.config import AgentProxyConfig
+from verl.protocol import DataProto
+
+SYSTEM_PROMPT = "You are a helpful assistant that solves tasks step by step."
+ANSWER_CLOSE = "</answer>"  # the rollout's stop string
+_PROBE = "RAGEN_PROBE_MESSAGE"
+# Text between tags may not contain another think/answer tag, so "<think>a</think>b</think>" is malformed.
+_NO_TAG = r"((?:(?!</?think>|</?answer>).)*)"
+_THINK_ANSWER = re.compile(rf"\s*<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>\s*", re.DOTALL)
+_ANSWER_ONLY = re.compile(rf"\s*<answer>{_NO_TAG}</answer>\s*", re.DOTALL)
+
+
+@dataclass
+class ParsedReply:
+    actions: list[str]
+    format_ok: bool
+
+
+def parse_reply(text: str, enable_think: bool, action_sep: str, max_actions: int) -> ParsedReply:
+    """`<think>…</think><answer>a || b</answer>` -> actions [a, b]. Anything else is malformed; never raises."""
+    match = (_THINK_ANSWER if enable_think else _ANSWER_ONLY).fullmatch(text)
+    if match is None:
+        return ParsedReply(actions=[], format_ok=False)
+    actions = [a.strip() for a in match.groups()[-1].split(action_sep) if a.strip()]
+    return ParsedReply(actions=actions[:max_actions], format_ok=bool(actions))
+
+
+@dataclass
+class Trajectory:
+    """One environment's dialogue as token ids, with a mask over the generated ids."""
+
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 on model-generated tokens
+    turn_ids: list[int] = field(default_factory=list)  # turn each token belongs to
+    turn_ends: list[int] = field(default_factory=list)  # index of each turn's last generated token
+    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
+    replies: list[str] = field(default_factory=list)  # each turn's reply text, as parsed
+    format_ok: list[bool] = field(default_factory=list)
+
+    def extend(self, ids: list[int], generated: bool, turn: int) -> None:
+        self.input_ids += ids
+        self.loss_mask += [int(generated)] * len(ids)
+        self.turn_ids += [turn] * len(ids)
+
+
+class ContextManager:
+    def __init__(self, tokenizer, config: AgentProxyConfig, instructions: dict[str, str],
+                 example_actions: dict[str, str], eos_ids: list[int]):
+        self.tokenizer, self.config = tokenizer, config
+        self.instructions, self.example_actions = instructions, example_actions  # per env tag
+        self.eos_ids = eos_ids
+        self.think_open = "<think>" if config.enable_think else ""
+        probe = self._render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                              {"role": "assistant", "content": _PROBE}], add_generation_prompt=False)
+        self._probe_prefix = probe
+        self._assistant_close = probe[probe.rindex(_PROBE) + len(_PROBE):]  # e.g. "<|im_end|>\n"
+
+    # ---- prompts -------------------------------------------------------------------------------------
+    def start(self, tag: str, obs: str, actions_left: int) -> Trajectory:
+        """The first prompt: system prompt, task instructions, first state, and the reply opening."""
+        messages = [{"role": "system", "content": self._system_prompt(tag)},
+                    {"role": "user", "content": self._state_message(obs, 1, actions_left, reward=None)}]
+        text = self._render(messages, add_generation_prompt=True) + self.think_open
+        trajectory = Trajectory()
+        trajectory.extend(self._encode(text), generated=False, turn=0)
+        return trajectory
+
+    def add_response(self, trajectory: Trajectory, response_ids: list[int]) -> str:
+        """Append the generated ids verbatim; return the reply text to parse (with the forced opening)."""
+        turn = len(trajectory.turn_ends)
+        trajectory.extend(response_ids, generated=True, turn=turn)
+        trajectory.turn_ends.append(len(trajectory.input_ids) - 1)
+        reply = self.think_open + self.tokenizer.decode(response_ids, skip_special_tokens=True)
+        if ANSWER_CLOSE in reply:  # generation stops at </answer>; its last token may carry a few more chars
+            reply = reply[: reply.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
+        trajectory.replies.append(reply)
+        return reply
+
+    def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int) -> None:
+        """Close the assistant turn the way the template does, then add the next state as a user turn."""
+        turn = len(trajectory.turn_ends)
+        ended_with_eos = trajectory.input_ids[-1] in self.eos_ids
+        eos_text = self.tokenizer.decode([trajectory.input_ids[-1]]) if ended_with_eos else ""
+        close = self._assistant_close
+        if eos_text and close.startswith(eos_text):  # the model already wrote the template's end-of-turn token
+            close = close[len(eos_text):]
+        user = self._render_user_turn(self._state_message(obs, turn + 1, actions_left, reward))
+        trajectory.extend(self._encode(close + user + self.think_open), generated=False, turn=turn)
+
+    def parse(self, reply: str) -> ParsedReply:
+        return parse_reply(reply, self.config.enable_think, self.config.action_sep, self.config.max_actions_per_turn)
+
+    # ---- batch ---------------------------------------------------------------------------------------
+    def to_batch(self, trajectories: list[Trajectory], group_ids: list[int], tags: list[str]) -> DataProto:
+        """Right-padded tensors (B, T); the trajectory's summed reward sits on its last generated token."""
+        batch_size, width = len(trajectories), max(len(t.input_ids) for t in trajectories)
+        input_ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
+        position_ids = torch.zeros((batch_size, width), dtype=torch.long)
+        loss_mask = torch.zeros((batch_size, width), dtype=torch.float32)
+        token_rewards = torch.zeros((batch_size, width), dtype=torch.float32)
+        turn_ids = torch.full((batch_size, width), -1, dtype=torch.long)
+        for i, t in enumerate(trajectories):
+            n = len(t.input_ids)
+            input_ids[i, :n] = torch.tensor(t.input_ids)
+            attention_mask[i, :n] = 1
+            position_ids[i, :n] = torch.arange(n)
+            loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            turn_ids[i, :n] = torch.tensor(t.turn_ids)
+            token_rewards[i, t.turn_ends[-1]] = sum(t.turn_rewards)
+        return DataProto(
+            batch={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                   "loss_mask": loss_mask, "token_rewards": token_rewards, "turn_ids": turn_ids},
+            non_tensor_batch={"group_ids": np.array(group_ids), "tags": tags},
+        )
+
+    # ---- text ----------------------------------------------------------------------------------------
+    def _system_prompt(self, tag: str) -> str:
+        cfg = self.config
+        action = self.example_actions[tag]
+        if cfg.enable_think:  # a worked example, not a placeholder template: small models copy placeholders
+            fmt = ("Reply with your reasoning in <think></think> and then your action in <answer></answer>, "
+                   f"for example: <think>I think {action} is a good move.</think><answer>{action}</answer>")
+        else:
+            fmt = f"Reply with your action in <answer></answer>, for example: <answer>{action}</answer>"
+        if cfg.max_actions_per_turn > 1:
+            fmt += f"\nYou may give up to {cfg.max_actions_per_turn} actions, separated by '{cfg.action_sep}'."
+        return f"{SYSTEM_PROMPT}\n{self.instructions[tag]}\n{fmt}"
+
+    @staticmethod
+    def _state_message(obs: str, turn: int, actions_left: int, reward: float | None) -> str:
+        feedback = "" if reward is None else f"Reward: {reward:g}\n"
+        return f"{feedback}Turn {turn}. State:\n{obs}\nYou have {actions_left} actions left."
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _render_user_turn(self, content: str) -> str:
+        """What the template adds after an assistant turn for a new user message, up to the reply opening."""
+        probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                 {"role": "assistant", "content": _PROBE}, {"role": "user", "content": content}]
+        full = self._render(probe, add_generation_prompt=True)
+        assert full.startswith(self._probe_prefix), "chat template renders earlier turns differently later on"
+        return full[len(self._probe_prefix):]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)

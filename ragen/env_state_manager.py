@@ -1,0 +1,86 @@
+"""EnvStateManager: the batch of environments of one rollout, their seeds, step budgets and records.
+
+A batch is `env_groups` groups of `group_size` environments. All environments of a group are reset with
+the same seed, so they start from the same state and their trajectories can be compared (GRPO). Each
+environment has a step budget (`max_actions_per_traj`) over all of its turns.
+"""
+
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+
+from ragen.config import CustomEnvConfig, EnvGroupsConfig
+from ragen.envs import make_env
+
+
+@dataclass
+class TurnRecord:
+    actions: list[str]  # actions executed this turn (after the budget cut)
+    reward: float  # environment reward of the turn (format penalty not included)
+    valid: list[bool]  # per executed action: info["action_is_valid"]
+    effective: list[bool]  # per executed action: info["action_is_effective"]
+
+
+@dataclass
+class EnvState:
+    env_id: int
+    group_id: int
+    tag: str  # key of custom_envs
+    seed: int
+    env: gym.Env
+    max_actions: int
+    obs: str = ""
+    actions_taken: int = 0
+    done: bool = False
+    success: bool = False
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def actions_left(self) -> int:
+        return self.max_actions - self.actions_taken
+
+
+class EnvStateManager:
+    def __init__(self, config: EnvGroupsConfig, custom_envs: dict[str, CustomEnvConfig], seed: int):
+        self.config, self.seed = config, seed
+        self.states: list[EnvState] = []
+        tags = [tag for tag, n in zip(config.env_configs.tags, config.env_configs.n_groups) for _ in range(n)]
+        for group_id, tag in enumerate(tags):
+            spec = custom_envs[tag]
+            for _ in range(config.group_size):
+                env = make_env(spec.env_type, dict(spec.env_config))
+                self.states.append(EnvState(env_id=len(self.states), group_id=group_id, tag=tag, seed=-1,
+                                            env=env, max_actions=spec.max_actions_per_traj))
+
+    def reset(self, step: int) -> list[EnvState]:
+        """Fresh start states for training step `step`; seeds never repeat across steps."""
+        for state in self.states:
+            state.seed = self.seed + step * self.config.env_groups + state.group_id
+            state.obs, _ = state.env.reset(seed=state.seed)
+            state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
+        return self.states
+
+    def step(self, env_id: int, actions: list[str]) -> TurnRecord:
+        """Run one turn's actions in order until the episode ends or the step budget is spent."""
+        state = self.states[env_id]
+        assert not state.done, f"env {env_id} is already done"
+        record = TurnRecord(actions=[], reward=0.0, valid=[], effective=[])
+        for action in actions[: state.actions_left]:
+            try:
+                state.obs, reward, terminated, truncated, info = state.env.step(action)
+            except Exception as e:
+                raise RuntimeError(f"environment {state.tag} (env {env_id}, seed {state.seed}) raised on "
+                                   f"action {action!r}: {e}") from e
+            state.actions_taken += 1
+            record.actions.append(action)
+            record.reward += float(reward)
+            record.valid.append(bool(info["action_is_valid"]))
+            record.effective.append(bool(info["action_is_effective"]))
+            state.success = state.success or bool(info["success"])
+            if terminated or truncated:
+                state.done = True
+                break
+        if state.actions_left <= 0:
+            state.done = True
+        state.turns.append(record)
+        return record

@@ -1,0 +1,106 @@
+"""Two-armed bandit: one pull between a safe arm and a risky arm with the higher expected value.
+
+The arms are known only by their names. Which name is listed first is drawn per seed, so a policy can
+only learn the better arm by its name, not by its position in the prompt. The risky arm pays
+`risky_reward` with probability `risky_prob` and nothing otherwise; its expected value is higher than the
+safe arm's steady `safe_reward`, so choosing it is the success criterion.
+"""
+
+import string
+from dataclasses import dataclass
+
+import gymnasium
+from gymnasium import spaces
+
+INSTRUCTIONS_TEMPLATE = (
+    "You face two slot-machine arms: {arms}. One pays a small reward every time; the other sometimes "
+    "pays much more and otherwise nothing. You pull one arm once.\n"
+    "Answer with the name of the arm to pull: {actions}."
+)
+MAX_TEXT_LENGTH = 1024  # bound of the text spaces; they exist for gymnasium's checker, not for sampling
+
+
+@dataclass
+class BanditConfig:
+    safe_arm_name: str = "phoenix"  # arm that always pays safe_reward
+    risky_arm_name: str = "dragon"  # arm that pays risky_reward with probability risky_prob, else 0
+    safe_reward: float = 0.15  # payout of the safe arm
+    risky_reward: float = 1.0  # payout of the risky arm when it pays
+    risky_prob: float = 0.25  # probability that the risky arm pays
+
+    def __post_init__(self) -> None:
+        for name in ("safe_arm_name", "risky_arm_name"):
+            value = getattr(self, name)
+            if not value.strip() or value != value.strip():
+                raise ValueError(f"{name}={value!r} must be a non-empty name without surrounding whitespace")
+        if self.safe_arm_name.lower() == self.risky_arm_name.lower():
+            raise ValueError(
+                f"safe_arm_name and risky_arm_name are both {self.safe_arm_name!r} (ignoring case): give the "
+                "arms different names, since the action is the arm's name"
+            )
+        if not 0.0 <= self.risky_prob <= 1.0:
+            raise ValueError(f"risky_prob={self.risky_prob} must be in [0, 1]")
+        risky_value = self.risky_prob * self.risky_reward
+        if risky_value <= self.safe_reward:
+            raise ValueError(
+                f"the risky arm's expected value risky_prob * risky_reward = {risky_value:g} must exceed "
+                f"safe_reward = {self.safe_reward:g}: raise risky_prob or risky_reward, or lower safe_reward"
+            )
+
+
+def _instructions(config: BanditConfig) -> str:
+    """Name the arms alphabetically, so the prompt does not reveal which one is safe."""
+    arms = sorted([config.safe_arm_name, config.risky_arm_name])
+    return INSTRUCTIONS_TEMPLATE.format(arms=" and ".join(arms), actions=", ".join(arms))
+
+
+class BanditEnv(gymnasium.Env):
+    """One pull of a two-armed bandit; the action is an arm's name, matched ignoring case."""
+
+    metadata = {"render_modes": ["ansi"]}
+    # The class attributes describe the default arms; an instance rewrites them for its configured names.
+    instructions: str = _instructions(BanditConfig())
+    # The format example has to name an arm; the safe one, so that it cannot inflate the success rate.
+    example_action: str = BanditConfig().safe_arm_name
+
+    def __init__(self, config: BanditConfig, render_mode: str = "ansi") -> None:
+        self.config = config
+        self.render_mode = render_mode
+        self.instructions = _instructions(config)
+        self.example_action = config.safe_arm_name
+        self.observation_space = spaces.Text(max_length=MAX_TEXT_LENGTH, charset=string.printable)
+        self.action_space = spaces.Text(max_length=MAX_TEXT_LENGTH, charset=string.printable)
+        self.arm_order: tuple[str, str] = (config.safe_arm_name, config.risky_arm_name)
+        self.pulled: tuple[str, float] | None = None  # (arm, reward) once the arm has been pulled
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Draw the order in which the arms are listed; `options` are not used."""
+        super().reset(seed=seed)
+        safe, risky = self.config.safe_arm_name, self.config.risky_arm_name
+        self.arm_order = (safe, risky) if self.np_random.random() < 0.5 else (risky, safe)
+        self.pulled = None
+        return self.render(), {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        arm = {name.lower(): name for name in self.arm_order}.get(action.strip().lower())
+        if arm is None:
+            info = {"action_is_valid": False, "action_is_effective": False, "success": False}
+            return self.render(), 0.0, False, False, info
+
+        is_risky = arm == self.config.risky_arm_name
+        if not is_risky:
+            reward = self.config.safe_reward
+        elif self.np_random.random() < self.config.risky_prob:
+            reward = self.config.risky_reward
+        else:
+            reward = 0.0
+        self.pulled = (arm, float(reward))
+        info = {"action_is_valid": True, "action_is_effective": True, "success": is_risky}
+        return self.render(), float(reward), True, False, info
+
+    def render(self) -> str:
+        arms = f"Arms: {', '.join(self.arm_order)}."
+        if self.pulled is None:
+            return f"{arms} Choose one."
+        arm, reward = self.pulled
+        return f"{arms} You pulled {arm} and got {reward:g}."

@@ -1,0 +1,84 @@
+"""Train an agent: `python -m ragen.train --config-name sokoban key=value ...` (what `train.sh` runs).
+
+Start-up order matters: the config is checked completely before any model loads or worker starts, so a
+typo costs a second, not a model load. Ray (when `trainer.backend=ray`) is started here and shut down on
+every exit path, Ctrl-C and errors included.
+"""
+
+import sys
+from contextlib import contextmanager
+
+import hydra
+import torch
+from omegaconf import OmegaConf
+
+from ragen.agent_proxy import AgentProxy
+from ragen.config import ConfigError, RagenConfig, validate
+from ragen.context_manager import ContextManager
+from ragen.env_state_manager import EnvStateManager
+from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
+from verl.trainer.ppo_trainer import PPOTrainer
+from verl.utils.model import eos_token_ids, load_tokenizer, resolve_model_path
+from verl.utils.tracking import Tracking
+from verl.workers.actor import ActorRolloutRefWorker
+
+
+def world_size(cfg: RagenConfig) -> int:
+    per_node = cfg.trainer.n_gpus_per_node if torch.cuda.is_available() else cfg.trainer.n_cpu_ranks_per_node
+    return per_node * cfg.trainer.nnodes
+
+
+def run(cfg: RagenConfig) -> None:
+    ranks = world_size(cfg)
+    validate(cfg, ranks)
+    tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir)
+    model = cfg.actor_rollout_ref.model
+    model.path = resolve_model_path(model.path)
+    tokenizer = load_tokenizer(model.path)
+
+    env_manager = EnvStateManager(cfg.es_manager.train, cfg.custom_envs, cfg.trainer.seed)
+    first_env = {s.tag: s.env for s in reversed(env_manager.states)}
+    context = ContextManager(tokenizer, cfg.agent_proxy,
+                             instructions={tag: env.instructions for tag, env in first_env.items()},
+                             example_actions={tag: env.example_action for tag, env in first_env.items()},
+                             eos_ids=eos_token_ids(model.path, tokenizer))
+    with worker_backend(cfg):
+        if cfg.trainer.backend == "ray":
+            actor_rollout_wg = RayWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref, world_size=ranks,
+                                              num_cpus=cfg.ray.num_cpus_per_worker,
+                                              num_gpus=1 if torch.cuda.is_available() else 0)
+        else:
+            actor_rollout_wg = LocalWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref)
+        actor_rollout_wg.init_model()
+        agent = AgentProxy(cfg.agent_proxy, cfg.actor_rollout_ref.rollout, cfg.es_manager.format_penalty,
+                           cfg.trainer.seed, actor_rollout_wg, env_manager, context)
+        PPOTrainer(cfg.trainer, cfg.algorithm, actor_rollout_wg, agent, tracker).fit()
+
+
+@contextmanager
+def worker_backend(cfg: RagenConfig):
+    if cfg.trainer.backend == "local":
+        yield
+        return
+    import ray
+
+    ray.init(address=cfg.ray.address, include_dashboard=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@hydra.main(config_path="../config", config_name="base", version_base="1.3")
+def main(cfg) -> None:
+    try:
+        run(OmegaConf.to_object(cfg))
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+
+
+if __name__ == "__main__":
+    # Batch sizes follow the machine unless the user picked a scale: RAGEN's on a GPU, small on a CPU.
+    if not any(arg.startswith(("scale=", "+scale=", "~scale")) for arg in sys.argv[1:]):
+        sys.argv.append(f"scale={'gpu' if torch.cuda.is_available() else 'cpu'}")
+    main()

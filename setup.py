@@ -1,0 +1,18 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+requirements = [
+    line.split("#")[0].strip()
+    for line in Path(__file__).with_name("requirements.txt").read_text().splitlines()
+    if line.split("#")[0].strip()
+]
+
+setup(
+    name="ragen",
+    version="0.1.0",
+    description="Training LLM reasoning agents with multi-turn reinforcement learning",
+    packages=find_packages(include=["ragen", "ragen.*", "verl", "verl.*"]),
+    python_requires=">=3.10",
+    install_requires=requirements,
+)

@@ -1,0 +1,48 @@
+import pytest
+
+from ragen.envs import ENV_REGISTRY, BanditEnv, SokobanEnv, check_env_config, make_env
+
+
+def test_registry_holds_env_and_config_classes():
+    assert ENV_REGISTRY["bandit"][0] is BanditEnv and ENV_REGISTRY["sokoban"][0] is SokobanEnv
+
+
+def test_make_env_builds_config_from_dict():
+    env = make_env("sokoban", {"dim_x": 7, "num_boxes": 2})
+    assert isinstance(env, SokobanEnv)
+    assert (env.config.dim_x, env.config.dim_y, env.config.num_boxes) == (7, 6, 2)
+    assert len(env.reset(seed=0)[0].split("\n")[0]) == 7
+
+
+def test_make_env_defaults_and_int_for_float():
+    assert make_env("bandit").config.safe_arm_name == "phoenix"
+    env = make_env("bandit", {"risky_reward": 2})
+    assert env.config.risky_reward == 2.0 and type(env.config.risky_reward) is float
+
+
+@pytest.mark.parametrize("build", [make_env, check_env_config])
+def test_unknown_env_type_names_it_and_lists_registered(build):
+    with pytest.raises(ValueError, match=r"'frozenlake'.*\['bandit', 'sokoban'\]"):
+        build("frozenlake", {})
+
+
+@pytest.mark.parametrize("build", [make_env, check_env_config])
+def test_unknown_key_names_it_and_lists_fields(build):
+    with pytest.raises(ValueError, match=r"'dimx'.*'dim_x'.*'search_depth'"):
+        build("sokoban", {"dimx": 7})
+
+
+@pytest.mark.parametrize(
+    "env_type, key, value",
+    [("sokoban", "dim_x", "6"), ("sokoban", "num_boxes", 1.5), ("sokoban", "max_steps", True),
+     ("bandit", "risky_prob", "0.3"), ("bandit", "safe_arm_name", 3)],
+)
+def test_wrong_type_names_the_key(env_type, key, value):
+    with pytest.raises(ValueError, match=key):
+        check_env_config(env_type, {key: value})
+
+
+def test_bad_value_fails_in_check_env_config():
+    with pytest.raises(ValueError, match="num_boxes"):
+        check_env_config("sokoban", {"num_boxes": 0})
+    check_env_config("sokoban", {"num_boxes": 2})

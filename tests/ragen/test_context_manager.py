@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+import torch
+
+from ragen.config import AgentProxyConfig
+from ragen.context_manager import ContextManager, Trajectory, parse_reply
+
+
+@pytest.fixture
+def context(tokenizer):
+    return ContextManager(tokenizer, AgentProxyConfig(max_actions_per_turn=2), instructions={"Toy": "Rules."},
+                          example_actions={"Toy": "Left"}, eos_ids=[tokenizer.eos_token_id])
+
+
+def encode(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("first_ends_with_eos", [True, False])
+def test_two_turn_trajectory_is_token_exact(tokenizer, context, first_ends_with_eos):
+    eos = tokenizer.eos_token_id
+    trajectory = context.start("Toy", "grid one", actions_left=10)
+    prompt1 = list(trajectory.input_ids)
+    reply1 = encode(tokenizer, " Go left.</think><answer>Left || Up</answer>") + ([eos] if first_ends_with_eos else [])
+    text1 = context.add_response(trajectory, reply1)
+    context.add_observation(trajectory, "grid two", reward=-0.1, actions_left=8)
+    prompt2 = list(trajectory.input_ids)
+    reply2 = encode(tokenizer, "Down now.</think><answer>Down</answer>")  # stopped at </answer>: no EOS
+    text2 = context.add_response(trajectory, reply2)
+
+    # What the model saw at turn 2 begins with exactly what it saw and wrote at turn 1.
+    assert prompt2[: len(prompt1) + len(reply1)] == prompt1 + reply1
+    # The loss mask selects exactly the generated ids, in order; decoding them gives back the replies.
+    generated = [t for t, m in zip(trajectory.input_ids, trajectory.loss_mask) if m]
+    assert generated == reply1 + reply2
+    assert tokenizer.decode(generated, skip_special_tokens=True) == text1[len("<think>"):] + text2[len("<think>"):]
+    assert trajectory.turn_ends == [len(prompt1) + len(reply1) - 1, len(trajectory.input_ids) - 1]
+    assert set(np.array(trajectory.turn_ids)[np.array(trajectory.loss_mask) == 1]) == {0, 1}
+    # The whole sequence is the conversation as the chat template renders it.
+    messages = [{"role": "system", "content": context._system_prompt("Toy")},
+                {"role": "user", "content": context._state_message("grid one", 1, 10, None)},
+                {"role": "assistant", "content": text1},
+                {"role": "user", "content": context._state_message("grid two", 2, 8, -0.1)}]
+    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + text2
+    assert tokenizer.decode(trajectory.input_ids) == expected
+
+
+def test_replies_parse_into_actions(context):
+    trajectory = context.start("Toy", "grid", actions_left=3)
+    reply = context.add_response(trajectory, context._encode("hmm</think><answer>Left || Up || Down</answer>"))
+    assert reply.startswith("<think>")
+    parsed = context.parse(reply)
+    assert parsed.format_ok and parsed.actions == ["Left", "Up"]  # max_actions_per_turn=2
+
+
+def test_reply_text_is_cut_at_the_stop_string(context):
+    # A stop string can end inside a token ("></"), so the decoded reply may run a few chars past it.
+    trajectory = context.start("Toy", "grid", actions_left=3)
+    reply = context.add_response(trajectory, context._encode("ok</think><answer>Up</answer><"))
+    assert reply.endswith("</answer>") and context.parse(reply).actions == ["Up"]
+
+
+def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
+    a = Trajectory(input_ids=[5, 6, 7, 8], loss_mask=[0, 1, 0, 1], turn_ids=[0, 0, 1, 1], turn_ends=[1, 3],
+                   turn_rewards=[-0.1, 1.0])
+    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], turn_ids=[0, 0], turn_ends=[1], turn_rewards=[0.5])
+    context = ContextManager(tokenizer, AgentProxyConfig(), {"T": ""}, {"T": "x"}, [tokenizer.eos_token_id])
+    batch = context.to_batch([a, b], group_ids=[0, 0], tags=["T", "T"])
+    assert batch.batch["input_ids"].shape == (2, 4)
+    assert torch.allclose(batch.batch["token_rewards"], torch.tensor([[0, 0, 0, 0.9], [0, 0.5, 0, 0]]))
+    assert batch.batch["loss_mask"].tolist() == [[0, 1, 0, 1], [0, 1, 0, 0]]
+    assert batch.batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert batch.batch["turn_ids"][1].tolist() == [0, 0, -1, -1]
+
+
+@pytest.mark.parametrize("text, actions", [
+    ("<think>a</think><answer>Left</answer>", ["Left"]),
+    ("  <think>\nmulti\nline</think>\n<answer> Up || Down </answer>\n", ["Up", "Down"]),
+    ("<think></think><answer>Up||</answer>", ["Up"]),
+])
+def test_parse_well_formed(text, actions):
+    parsed = parse_reply(text, enable_think=True, action_sep="||", max_actions=3)
+    assert parsed.format_ok and parsed.actions == actions
+
+
+@pytest.mark.parametrize("text", [
+    "", "Left", "<think>a</think>", "<answer>Left</answer>", "<think>a</think><answer></answer>",
+    "<think>a</think><answer> || </answer>", "<think>a</think>b</think><answer>Left</answer>",
+    "<think>a</think><answer>Left</answer> and more", "</answer><think>a</think><answer>Left",
+    "<think><answer>x</answer></think><answer>Left</answer>", "<think>a</think><answer><answer>L</answer></answer>",
+])
+def test_parse_malformed_gives_no_actions(text):
+    parsed = parse_reply(text, enable_think=True, action_sep="||", max_actions=3)
+    assert not parsed.format_ok and parsed.actions == []
+
+
+def test_parse_without_think():
+    assert parse_reply("<answer>Up</answer>", enable_think=False, action_sep="||", max_actions=1).actions == ["Up"]
+    assert not parse_reply("<think>a</think><answer>Up</answer>", False, "||", 1).format_ok
+
+
+def test_parse_never_raises_on_random_text():
+    rng = np.random.default_rng(0)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", "||", "Left", " ", "\n", "é", "<|im_end|>", "<", ">"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces, size=rng.integers(0, 12)))
+        parsed = parse_reply(text, enable_think=True, action_sep="||", max_actions=2)
+        assert parsed.format_ok == bool(parsed.actions) and len(parsed.actions) <= 2

@@ -1,0 +1,60 @@
+"""Workers and how a call on a worker group reaches them.
+
+A worker is one rank. Its public methods carry a dispatch mode (`@register`), which tells the worker
+group how to spread one call over the ranks and how to gather the answers:
+- ONE_TO_ALL: every rank gets the same arguments (init, broadcast); rank 0's answer is returned.
+- DATA_PARALLEL: the first argument, a DataProto, is cut into one chunk per rank; DataProto answers
+  are concatenated in rank order, metric dicts are averaged over ranks.
+"""
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
+
+ONE_TO_ALL = "one_to_all"
+DATA_PARALLEL = "data_parallel"
+
+
+def register(dispatch: str) -> Callable:
+    def decorate(method: Callable) -> Callable:
+        method.dispatch = dispatch
+        return method
+
+    return decorate
+
+
+class Worker:
+    """One rank. With several ranks it joins a torch.distributed group (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self, rank: int, world_size: int, init_method: str | None):
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        if self.device.type == "cpu":
+            # Ray pins actors with fractional CPUs to one thread; share the machine's cores instead.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        if world_size > 1:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+
+
+def split_args(dispatch: str, world_size: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
+    if dispatch == ONE_TO_ALL:
+        return [(args, kwargs)] * world_size
+    assert dispatch == DATA_PARALLEL and isinstance(args[0], DataProto), "data-parallel calls take a DataProto first"
+    return [((chunk, *args[1:]), kwargs) for chunk in args[0].chunk(world_size)]
+
+
+def collect(dispatch: str, results: list[Any]) -> Any:
+    if dispatch == ONE_TO_ALL:
+        return results[0]
+    if isinstance(results[0], DataProto):
+        return DataProto.concat(results)
+    if isinstance(results[0], dict):
+        return {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+    return results

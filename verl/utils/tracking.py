@@ -1,0 +1,37 @@
+"""Metric loggers behind one call: `tracker.log(metrics, step)`.
+
+`console` prints one summary line per step; `jsonl` appends every metric of every step to
+`<run_dir>/metrics.jsonl`, one JSON object per line, so a run can be read back without any service.
+"""
+
+import json
+import math
+from pathlib import Path
+
+CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "actor/pg_loss",
+                "actor/grad_norm", "timing_s/gen", "timing_s/update_actor", "timing_s/step"]
+
+
+class Tracking:
+    SUPPORTED = ("console", "jsonl")
+
+    def __init__(self, loggers: list[str], run_dir: str):
+        unknown = set(loggers) - set(self.SUPPORTED)
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown logger(s) {sorted(unknown)}; supported: {list(self.SUPPORTED)}")
+        self.loggers = loggers
+        self.jsonl_path = Path(run_dir) / "metrics.jsonl"
+        if "jsonl" in loggers:
+            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if "console" in self.loggers:
+            shown = [f"{k.split('/', 1)[1]}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics]
+            print(f"step {step}: " + " ".join(shown), flush=True)
+        if "jsonl" in self.loggers:
+            with self.jsonl_path.open("a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
