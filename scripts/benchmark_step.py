@@ -1,0 +1,70 @@
+"""Throughput of the two halves of a step on this machine: rollout generation and the actor update.
+
+    python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
+
+Generation uses the HF rollout engine (bf16, KV cache, left-padded batch, no stop string, so every row
+generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on
+sequences of --seq-len tokens under bf16 autocast with fp32 master weights, as ActorRolloutRefWorker does.
+"""
+
+import argparse
+import time
+
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.config import ActorRolloutRefConfig, ModelConfig, RolloutConfig
+from verl.utils.model import load_tokenizer, resolve_model_path
+from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.rollout import SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="bundled:SmolLM2-135M-Instruct")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--prompt-len", type=int, default=300)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=600)
+    parser.add_argument("--train-batch", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    args = parser.parse_args()
+
+    path = resolve_model_path(args.model)
+    config = ActorRolloutRefConfig(model=ModelConfig(path=path), rollout=RolloutConfig())
+    config.actor.ppo_mini_batch_size = args.train_batch
+    config.actor.ppo_micro_batch_size_per_gpu = args.micro_batch
+    worker = ActorRolloutRefWorker(config, rank=0, world_size=1, init_method=None)
+    worker.init_model()
+    vocab = len(load_tokenizer(path))
+    print(f"model {args.model}, torch threads {torch.get_num_threads()}")
+
+    for batch in args.batch:
+        prompts = torch.randint(100, vocab, (batch, args.prompt_len)).tolist()
+        sampling = SamplingParams(max_new_tokens=args.new_tokens, seed=0)
+        worker.rollout.eos_ids = [-1]  # never stop early: every row generates exactly new_tokens
+        start = time.perf_counter()
+        responses = worker.rollout.generate(prompts, sampling)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r) for r in responses)
+        print(f"generate: batch {batch:3d} x {args.new_tokens} new tokens (prompt {args.prompt_len}): "
+              f"{tokens / seconds:7.1f} tokens/s ({seconds:.1f} s)")
+
+    n, t = args.train_batch, args.seq_len
+    data = DataProto(batch={
+        "input_ids": torch.randint(100, vocab, (n, t)), "attention_mask": torch.ones(n, t, dtype=torch.long),
+        "position_ids": torch.arange(t).repeat(n, 1), "loss_mask": torch.ones(n, t),
+        "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t)})
+    start = time.perf_counter()
+    data = data.union(worker.compute_log_prob(data))
+    score_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    worker.update_actor(data)
+    update_seconds = time.perf_counter() - start
+    print(f"old log-probs: {n} x {t} tokens: {n * t / score_seconds:7.1f} tokens/s ({score_seconds:.1f} s)")
+    print(f"update (fwd+bwd+step, micro-batch {args.micro_batch}): {n} x {t} tokens: "
+          f"{n * t / update_seconds:7.1f} tokens/s ({update_seconds:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
