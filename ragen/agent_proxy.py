@@ -5,6 +5,8 @@ replies, the replies are parsed into actions, and the environments step. The loo
 `agent_proxy.max_turn` turns or as soon as every environment is done.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
 from ragen.config import AgentProxyConfig
@@ -30,7 +32,7 @@ class AgentProxy:
             active = [s for s in states if not s.done]
             if not active:
                 break
-            sampling = SamplingParams(**{**vars(self.sampling), "seed": self.seed + 1000 * step + turn})
+            sampling = replace(self.sampling, seed=self.seed + 1000 * step + turn)
             prompts = DataProto(non_tensor_batch={"prompt_ids": [trajectories[s.env_id].input_ids for s in active]},
                                 meta_info={"sampling": sampling})
             responses = self.actor_rollout_wg.generate_sequences(prompts).non_tensor_batch["response_ids"]

@@ -52,6 +52,10 @@ class EnvStateManager:
                 self.states.append(EnvState(env_id=len(self.states), group_id=group_id, tag=tag, seed=-1,
                                             env=env, max_actions=spec.max_actions_per_traj))
 
+    def env_per_tag(self) -> dict[str, gym.Env]:
+        """One environment of each tag, for what all of a tag share: instructions, example action."""
+        return {state.tag: state.env for state in reversed(self.states)}
+
     def reset(self, step: int) -> list[EnvState]:
         """Fresh start states for training step `step`; seeds never repeat across steps."""
         for state in self.states:

@@ -37,10 +37,10 @@ def run(cfg: RagenConfig) -> None:
     tokenizer = load_tokenizer(model.path)
 
     env_manager = EnvStateManager(cfg.es_manager.train, cfg.custom_envs, cfg.trainer.seed)
-    first_env = {s.tag: s.env for s in reversed(env_manager.states)}
+    envs = env_manager.env_per_tag()
     context = ContextManager(tokenizer, cfg.agent_proxy,
-                             instructions={tag: env.instructions for tag, env in first_env.items()},
-                             example_actions={tag: env.example_action for tag, env in first_env.items()},
+                             instructions={tag: env.instructions for tag, env in envs.items()},
+                             example_actions={tag: env.example_action for tag, env in envs.items()},
                              eos_ids=eos_token_ids(model.path, tokenizer))
     with worker_backend(cfg):
         if cfg.trainer.backend == "ray":

@@ -9,6 +9,8 @@ tensors are aligned with `input_ids`, so `log_probs[:, t]` is log pi(token_t | t
 which no token predicts, is zero.
 """
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 
@@ -43,7 +45,7 @@ class ActorRolloutRefWorker(Worker):
         """prompt_ids (lists of ids) + meta_info['sampling'] -> response_ids (lists of ids)."""
         sampling: SamplingParams = prompts.meta_info["sampling"]
         if sampling.seed is not None:  # ranks must not draw the same samples for the same prompt
-            sampling = SamplingParams(**{**vars(sampling), "seed": sampling.seed + 7919 * self.rank})
+            sampling = replace(sampling, seed=sampling.seed + 7919 * self.rank)
         responses = self.rollout.generate(list(prompts.non_tensor_batch["prompt_ids"]), sampling)
         return DataProto(non_tensor_batch={"response_ids": responses})
 
@@ -53,7 +55,8 @@ class ActorRolloutRefWorker(Worker):
         """Log-probs of the sampled tokens under the current policy: the PPO ratio's denominator."""
         self.model.eval()
         micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
-        log_probs = [self._forward(micro, with_entropy=False)[0] for micro in data.split(micro_size)]
+        log_probs = [self._forward(micro.to(self.device).batch, with_entropy=False)[0]
+                     for micro in data.split(micro_size)]
         return DataProto(batch={"old_log_probs": torch.cat(log_probs).cpu()})
 
     @register(DATA_PARALLEL)
@@ -85,7 +88,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _policy_loss_backward(self, micro: DataProto, scale: float) -> dict[str, float]:
         batch = micro.to(self.device).batch
-        log_probs, entropy = self._forward(micro, with_entropy=True)
+        log_probs, entropy = self._forward(batch, with_entropy=True)
         pg_loss, pg_metrics = compute_policy_loss(
             log_probs=log_probs, old_log_probs=batch["old_log_probs"], advantages=batch["advantages"],
             loss_mask=batch["loss_mask"], clip_ratio_low=self.config.actor.clip_ratio_low,
@@ -108,9 +111,8 @@ class ActorRolloutRefWorker(Worker):
             print(f"[rank {self.rank}] skipped an optimizer step: gradient norm is {grad_norm.item()}", flush=True)
         return grad_norm.item()
 
-    def _forward(self, micro: DataProto, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, batch: dict[str, torch.Tensor], with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked."""
-        batch = micro.to(self.device).batch
         input_ids = batch["input_ids"]  # (B, T)
         with torch.autocast(self.device.type, dtype=DTYPES[self.config.model.dtype]):
             logits = self.model(input_ids=input_ids, attention_mask=batch["attention_mask"],
