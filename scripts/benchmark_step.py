@@ -2,7 +2,7 @@
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
 
-Generation uses the HF rollout engine (bf16, KV cache, left-padded batch, no stop string, so every row
+Generation uses the HF rollout engine (bf16, KV cache, left-padded batch, EOS ignored, so every row
 generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on
 sequences of --seq-len tokens under bf16 autocast with fp32 master weights, as ActorRolloutRefWorker does.
 """
@@ -41,8 +41,7 @@ def main() -> None:
 
     for batch in args.batch:
         prompts = torch.randint(100, vocab, (batch, args.prompt_len)).tolist()
-        sampling = SamplingParams(max_new_tokens=args.new_tokens, seed=0)
-        worker.rollout.eos_ids = [-1]  # never stop early: every row generates exactly new_tokens
+        sampling = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, seed=0)
         start = time.perf_counter()
         responses = worker.rollout.generate(prompts, sampling)
         seconds = time.perf_counter() - start

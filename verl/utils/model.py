@@ -68,7 +68,7 @@ def _bundled_model_folder(name: str) -> Path:
 
     target = cache_dir() / "models" / Path(gguf_name).stem
     marker = target / "ragen_source.json"
-    source = {"gguf": str(gguf_file), "size": gguf_file.stat().st_size}
+    source = {"gguf": gguf_name, "size": gguf_file.stat().st_size}  # the file, wherever its venv is
     if marker.is_file() and json.loads(marker.read_text()) == source:
         return target
     print(f"[ragen] converting the bundled {gguf_name} to safetensors in {target} (once, ~20 s)", flush=True)

@@ -17,6 +17,7 @@ class SamplingParams:
     top_k: int = 0  # 0 disables top-k
     max_new_tokens: int = 400
     stop: list[str] = field(default_factory=list)  # stop after the first of these strings (kept in the output)
+    ignore_eos: bool = False  # keep generating past EOS up to max_new_tokens (benchmarks)
     seed: int | None = None  # seeds the engine's sampler for this call: same seed, same samples
 
 

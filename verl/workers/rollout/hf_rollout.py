@@ -42,6 +42,7 @@ class HFRollout:
             top_p=sampling.top_p,
             top_k=sampling.top_k or None,
             max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.max_new_tokens if sampling.ignore_eos else None,
             eos_token_id=self.eos_ids,
             pad_token_id=pad_id,
             stop_strings=sampling.stop or None,
