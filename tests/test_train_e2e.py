@@ -32,8 +32,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def ray_processes() -> str:
-    return subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout
+def ray_processes() -> list[str]:
+    listing = subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout
+    return [line for line in listing.splitlines() if "<defunct>" not in line]  # zombies are not running
 
 
 def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
@@ -48,7 +49,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert "step 2:" in result.stdout
     changed = changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
     assert any("layers.0.self_attn.q_proj" in k for k in changed) and any("layers.1.mlp" in k for k in changed)
-    assert ray_processes() == "", "the run left Ray processes behind"
+    assert ray_processes() == [], "the run left Ray processes behind"
 
 
 def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
