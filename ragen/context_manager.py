@@ -52,7 +52,6 @@ class Trajectory:
     turn_ids: list[int] = field(default_factory=list)  # turn each token belongs to
     turn_ends: list[int] = field(default_factory=list)  # index of each turn's last generated token
     turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
-    replies: list[str] = field(default_factory=list)  # each turn's reply text, as parsed
     format_ok: list[bool] = field(default_factory=list)
 
     def extend(self, ids: list[int], generated: bool, turn: int) -> None:
@@ -91,7 +90,6 @@ class ContextManager:
         reply = self.think_open + self.tokenizer.decode(response_ids, skip_special_tokens=True)
         if ANSWER_CLOSE in reply:  # generation stops at </answer>; its last token may carry a few more chars
             reply = reply[: reply.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
-        trajectory.replies.append(reply)
         return reply
 
     def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int) -> None:

@@ -64,8 +64,10 @@ class HFRollout:
         if stop:
             text = ""
             for i, token in enumerate(row[:end]):
-                text += self.tokenizer.decode([token])
-                if any(s in text for s in stop):
+                piece = self.tokenizer.decode([token])
+                text += piece
+                # a new match must end inside this piece: search only the tail, not the whole text again
+                if any(s in text[-(len(s) + len(piece)):] for s in stop):
                     return row[: i + 1]
         return row[:end]
 
