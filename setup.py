@@ -15,4 +15,9 @@ setup(
     packages=find_packages(include=["ragen", "ragen.*", "verl", "verl.*"]),
     python_requires=">=3.10",
     install_requires=requirements,
+    extras_require={
+        # Only for tests: gym-sokoban is the reference our Sokoban dynamics are checked against. It needs
+        # the old `gym` and imports `pkg_resources`, which setuptools 81 removed.
+        "test": ["pytest>=8", "gym-sokoban==0.0.6", "setuptools<81"],
+    },
 )

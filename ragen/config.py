@@ -5,10 +5,14 @@ and each environment's YAML builds on `base`. Hydra rejects unknown keys and wro
 `validate()` rejects impossible values, each with a message that names the key, before any model loads.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from ragen.envs import ENV_REGISTRY, check_env_config
 from verl.trainer.config import ActorRolloutRefConfig, AlgorithmConfig, RayConfig, TrainerConfig
@@ -61,6 +65,13 @@ class RagenConfig:
 
 
 ConfigStore.instance().store(name="ragen_schema", node=RagenConfig)
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+
+
+def load_config(config_name: str = "base", overrides: Sequence[str] = ()) -> RagenConfig:
+    """Compose a recipe with Hydra overrides, as `train.sh` does, for tools other than the trainer."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name, overrides=list(overrides)))
 
 
 class ConfigError(ValueError):

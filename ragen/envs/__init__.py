@@ -13,10 +13,15 @@ from typing import Any
 import gymnasium
 
 from ragen.envs.bandit import BanditConfig, BanditEnv
+from ragen.envs.checker import EnvContractError, check_env
+from ragen.envs.countdown import CountdownConfig, CountdownEnv
+from ragen.envs.frozen_lake import FrozenLakeConfig, FrozenLakeEnv
 from ragen.envs.sokoban import SokobanConfig, SokobanEnv
 
 ENV_REGISTRY: dict[str, tuple[type[gymnasium.Env], type]] = {
     "bandit": (BanditEnv, BanditConfig),
+    "countdown": (CountdownEnv, CountdownConfig),
+    "frozen_lake": (FrozenLakeEnv, FrozenLakeConfig),
     "sokoban": (SokobanEnv, SokobanConfig),
 }
 
@@ -60,9 +65,15 @@ __all__ = [
     "ENV_REGISTRY",
     "BanditConfig",
     "BanditEnv",
+    "CountdownConfig",
+    "CountdownEnv",
     "SokobanConfig",
     "SokobanEnv",
+    "EnvContractError",
+    "FrozenLakeConfig",
+    "FrozenLakeEnv",
     "build_env_config",
+    "check_env",
     "check_env_config",
     "make_env",
 ]

@@ -10,7 +10,10 @@ import string
 from dataclasses import dataclass
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
+
+from ragen.envs.utils import step_info
 
 INSTRUCTIONS_TEMPLATE = (
     "You face two slot-machine arms: {arms}. One pays a small reward every time; the other sometimes "
@@ -84,8 +87,7 @@ class BanditEnv(gymnasium.Env):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         arm = {name.lower(): name for name in self.arm_order}.get(action.strip().lower())
         if arm is None:
-            info = {"action_is_valid": False, "action_is_effective": False, "success": False}
-            return self.render(), 0.0, False, False, info
+            return self.render(), 0.0, False, False, step_info(valid=False, effective=False, success=False)
 
         is_risky = arm == self.config.risky_arm_name
         if not is_risky:
@@ -95,8 +97,10 @@ class BanditEnv(gymnasium.Env):
         else:
             reward = 0.0
         self.pulled = (arm, float(reward))
-        info = {"action_is_valid": True, "action_is_effective": True, "success": is_risky}
-        return self.render(), float(reward), True, False, info
+        return self.render(), float(reward), True, False, step_info(valid=True, effective=True, success=is_risky)
+
+    def sample_action(self, rng: np.random.Generator) -> str:
+        return self.arm_order[rng.integers(2)]
 
     def render(self) -> str:
         arms = f"Arms: {', '.join(self.arm_order)}."

@@ -5,35 +5,53 @@ Levels are generated backwards, so that every level is solvable without running 
   2. put the boxes on targets (the solved state) and the player on a free floor cell;
   3. play in reverse for `search_depth` random moves, where the player either steps or pulls a box it
      stands next to (steps away from it and the box follows); a pull is the exact undo of a push.
-The start state is the visited state with every box off a target and the boxes farthest from their
-targets. Undoing the reverse moves one by one solves the level, so a solution always exists.
+The start state is the visited state, with every box off a target, that needs the most moves by a cheap
+lower bound (`moves_lower_bound`): the pushes that bring each box to its nearest target plus the player's
+walk to the nearest box. Undoing the reverse moves one by one solves the level, so a solution always
+exists. An attempt whose best state needs fewer than MIN_START_MOVES moves (too easy: without this rule a
+fifth of the 6x6 levels were solved in one or two moves) is retried with a generator derived from the
+env's, at most MAX_GENERATION_ATTEMPTS times; then generation fails with a RuntimeError.
 
 Rewards follow gym-sokoban: -0.1 per step, +1 for pushing a box onto a target, -1 for pushing one off,
-+10 when every box is on a target.
++10 when every box is on a target; the best one-box episode of n moves scores 10.9 - 0.1 * (n - 1).
+
+`solve` is the oracle: a breadth-first search for a shortest solution.
 """
 
+from collections import deque
 from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-ACTIONS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # (row, column) offsets
+from ragen.envs.utils import grid_to_rgb, shortest_path, step_info, tile
+
+ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
+ACTION_BY_WORD = {word.lower(): word for word in ACTIONS}  # actions match ignoring case
 DIRECTIONS = list(ACTIONS.values())
 STEP_REWARD = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_REWARD = -1.0
 SOLVED_REWARD = 10.0
 
+# Default symbols of the text state; SokobanConfig.symbols lists its own in this order.
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = "#", "_", "O", "√", "X", "P", "S"
 LEGEND = WALL + FLOOR + TARGET + BOX_ON_TARGET + BOX + PLAYER + PLAYER_ON_TARGET
+
+# rgb_array colours
+WALL_RGB, FLOOR_RGB = (70, 70, 80), (225, 215, 190)
+TARGET_RGB, BOX_RGB, BOX_ON_TARGET_RGB, PLAYER_RGB = (210, 40, 40), (170, 100, 30), (40, 160, 60), (40, 80, 220)
 
 FLOOR_FRACTION = 0.7  # share of the room's interior that the random walk turns into floor
 TURN_PROB = 0.2  # chance per carving step that the walk changes direction
 PULL_PROB = 0.8  # chance of pulling rather than stepping when next to a box: short walks move boxes farther
-MAX_GENERATION_ATTEMPTS = 1000  # rooms tried before giving up; a 6x6 one-box room succeeds ~60% of the time
+MIN_START_MOVES = 3  # a start state must need at least this many moves (by moves_lower_bound); else retry
+MAX_GENERATION_ATTEMPTS = 1000  # rooms tried before giving up; a 6x6 one-box level takes 2.2 on average
+MAX_SOLVER_STATES = 1_000_000  # states `solve` visits before giving up with a RuntimeError
 
 Cell = tuple[int, int]
+Level = tuple[np.ndarray, np.ndarray, np.ndarray, Cell]  # (walls, targets, boxes) boolean (H, W) grids, player
 
 
 @dataclass
@@ -43,6 +61,8 @@ class SokobanConfig:
     num_boxes: int = 1  # boxes (and targets) per room
     max_steps: int = 100  # valid actions before the episode is truncated
     search_depth: int = 30  # random reverse moves played from the solved state to make a level
+    # text symbols for: wall, floor, target, box on target, box, player, player on target
+    symbols: str = LEGEND
 
     def __post_init__(self) -> None:
         for name in ("dim_x", "dim_y"):
@@ -59,6 +79,11 @@ class SokobanConfig:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1")
         if self.search_depth < 1:
             raise ValueError(f"search_depth={self.search_depth} must be >= 1")
+        if len(self.symbols) != 7 or len(set(self.symbols)) != 7 or any(ch.isspace() for ch in self.symbols):
+            raise ValueError(
+                f"symbols={self.symbols!r} must be 7 distinct non-whitespace characters for wall, floor, target, "
+                f"box on target, box, player and player on target, in that order (the default is {LEGEND!r})"
+            )
 
 
 def carve_room(height: int, width: int, num_floor: int, rng: np.random.Generator) -> np.ndarray:
@@ -81,18 +106,58 @@ def carve_room(height: int, width: int, num_floor: int, rng: np.random.Generator
     return walls
 
 
+def push_distances(walls: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per cell, the fewest pushes that bring a box from there onto some target, other boxes ignored.
+
+    -1 marks a dead cell, from which no pushes reach a target (a corner, a wall side with no target on it):
+    a box there makes the level unsolvable. Walks backwards from the targets: a box pushed one cell in
+    direction d came from the cell before, and the player stood one cell further back. (H, W) int array.
+    """
+    distances = np.full(walls.shape, -1)
+    distances[targets] = 0
+    frontier = deque(tuple(cell) for cell in np.argwhere(targets).tolist())
+    while frontier:
+        row, col = frontier.popleft()
+        for d_row, d_col in DIRECTIONS:
+            before = (row - d_row, col - d_col)
+            pusher = (before[0] - d_row, before[1] - d_col)
+            if not walls[before] and not walls[pusher] and distances[before] < 0:
+                distances[before] = distances[row, col] + 1
+                frontier.append(before)
+    return distances
+
+
+def moves_lower_bound(walls: np.ndarray, pushes: np.ndarray, boxes: list[Cell], player: Cell) -> int:
+    """A lower bound on the moves that solve the state.
+
+    Every box needs its pushes to the nearest target (`pushes`, from `push_distances`), and before the first
+    push the player walks, around the boxes, to a cell next to one.
+    """
+    box_set = set(boxes)
+    seen, frontier = {player}, deque([(player, 0)])
+    while frontier:
+        (row, col), walk = frontier.popleft()
+        neighbours = [(row + d_row, col + d_col) for d_row, d_col in DIRECTIONS]
+        if box_set.intersection(neighbours):
+            return int(sum(pushes[box] for box in boxes)) + walk
+        for cell in neighbours:
+            if not walls[cell] and cell not in box_set and cell not in seen:
+                seen.add(cell)
+                frontier.append((cell, walk + 1))
+    raise AssertionError("reverse play keeps the player in reach of the boxes it pulled")
+
+
 def reverse_play(
     walls: np.ndarray, targets: list[Cell], player: Cell, search_depth: int, rng: np.random.Generator
 ) -> tuple[list[Cell], Cell] | None:
     """Random reverse moves from the solved state; return (boxes, player) of the hardest-looking state.
 
-    "Hardest-looking" is the visited state with every box off a target whose boxes lie farthest (Manhattan,
-    summed) from the targets they started on. Ties go to the latest such state: by then the player has
-    usually walked away from the box it last pulled instead of standing ready to push it back. None when
-    no visited state has every box off a target.
+    "Hardest-looking" is the visited state, with every box off a target, of the largest `moves_lower_bound`;
+    ties go to the latest. None when no such state has a bound of at least MIN_START_MOVES.
     """
+    pushes = push_distances(walls, _cells_to_grid(targets, walls.shape))
     boxes = list(targets)
-    best, best_distance = None, 1
+    best, best_bound = None, MIN_START_MOVES
     for _ in range(search_depth):
         steps, pulls = [], []
         for d_row, d_col in DIRECTIONS:
@@ -111,31 +176,39 @@ def reverse_play(
             d_row, d_col = steps[rng.integers(len(steps))]
         player = (player[0] + d_row, player[1] + d_col)
 
-        distance = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets))
-        if distance >= best_distance and not set(boxes) & set(targets):
-            best, best_distance = (list(boxes), player), distance
+        if set(boxes) & set(targets):
+            continue
+        bound = moves_lower_bound(walls, pushes, boxes, player)
+        if bound >= best_bound:
+            best, best_bound = (list(boxes), player), bound
     return best
 
 
-def generate_level(
-    config: SokobanConfig, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, Cell]:
-    """A solvable level as (walls, targets, boxes) boolean (H, W) grids and the player's cell."""
+def _generation_attempt(config: SokobanConfig, rng: np.random.Generator) -> Level | None:
     interior = (config.dim_x - 2) * (config.dim_y - 2)
     num_floor = max(round(FLOOR_FRACTION * interior), config.num_boxes + 2)
-    for _ in range(MAX_GENERATION_ATTEMPTS):
-        walls = carve_room(config.dim_y, config.dim_x, num_floor, rng)
-        floor = [tuple(cell) for cell in np.argwhere(~walls).tolist()]
-        picked = rng.choice(len(floor), config.num_boxes + 1, replace=False)
-        targets, player = [floor[i] for i in picked[:-1]], floor[picked[-1]]
-        result = reverse_play(walls, targets, player, config.search_depth, rng)
-        if result is not None:
-            boxes, player = result
-            return walls, _cells_to_grid(targets, walls.shape), _cells_to_grid(boxes, walls.shape), player
+    walls = carve_room(config.dim_y, config.dim_x, num_floor, rng)
+    floor = [tuple(cell) for cell in np.argwhere(~walls).tolist()]
+    picked = rng.choice(len(floor), config.num_boxes + 1, replace=False)
+    targets, player = [floor[i] for i in picked[:-1]], floor[picked[-1]]
+    result = reverse_play(walls, targets, player, config.search_depth, rng)
+    if result is None:
+        return None
+    boxes, player = result
+    return walls, _cells_to_grid(targets, walls.shape), _cells_to_grid(boxes, walls.shape), player
+
+
+def generate_level(config: SokobanConfig, rng: np.random.Generator) -> Level:
+    """A solvable level. Draws one seed from `rng`; attempt k runs on a generator seeded with (seed, k)."""
+    base_seed = int(rng.integers(2**63))
+    for attempt in range(MAX_GENERATION_ATTEMPTS):
+        level = _generation_attempt(config, np.random.default_rng([base_seed, attempt]))
+        if level is not None:
+            return level
     raise RuntimeError(
         f"could not generate a {config.dim_x}x{config.dim_y} Sokoban level with {config.num_boxes} box(es) off "
-        f"their targets in {MAX_GENERATION_ATTEMPTS} attempts: increase search_depth or the room size, or "
-        "lower num_boxes"
+        f"their targets and at least {MIN_START_MOVES} moves to solve in {MAX_GENERATION_ATTEMPTS} attempts: "
+        "increase search_depth or the room size (dim_x, dim_y), or lower num_boxes"
     )
 
 
@@ -145,24 +218,67 @@ def _cells_to_grid(cells: list[Cell], shape: tuple[int, int]) -> np.ndarray:
     return grid
 
 
-def parse_room(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Cell]:
-    """Read a room written in the render legend into (walls, targets, boxes) grids and the player's cell."""
+def solve(
+    walls: np.ndarray, targets: np.ndarray, boxes: np.ndarray, player: Cell, max_states: int = MAX_SOLVER_STATES
+) -> list[str] | None:
+    """A shortest action sequence (words of ACTIONS) that puts every box on a target; None if there is none.
+
+    Breadth-first search over (player, boxes) states, cells numbered and the boxes held as a bitmask; states
+    with a box on a dead cell (see `push_distances`) are never entered. `walls`, `targets`, `boxes` are
+    (H, W) boolean grids of an enclosed room. Raises RuntimeError after visiting `max_states` states.
+    """
+    assert walls[0].all() and walls[-1].all() and walls[:, 0].all() and walls[:, -1].all(), "room not enclosed"
+    cells = [tuple(cell) for cell in np.argwhere(~walls).tolist()]
+    index = {cell: i for i, cell in enumerate(cells)}
+    # neighbours[i][k]: the cell one step from cell i in direction k, or -1 for a wall
+    neighbours = [[index.get((row + d_row, col + d_col), -1) for d_row, d_col in DIRECTIONS] for row, col in cells]
+    pushes = push_distances(walls, targets)
+    dead = sum(1 << i for i, cell in enumerate(cells) if pushes[cell] < 0)
+    goal = sum(1 << index[cell] for cell in map(tuple, np.argwhere(targets).tolist()))
+    start_boxes = sum(1 << index[cell] for cell in map(tuple, np.argwhere(boxes).tolist()))
+    if start_boxes & dead:
+        return None  # a target cell is never dead, so a box on a dead cell can never reach one
+    words = list(ACTIONS)
+
+    def successors(state: tuple[int, int]):
+        player_i, box_mask = state
+        for k, step in enumerate(neighbours[player_i]):
+            if step < 0:
+                continue
+            if not box_mask >> step & 1:
+                yield words[k], (step, box_mask)
+                continue
+            beyond = neighbours[step][k]
+            if beyond >= 0 and not (box_mask | dead) >> beyond & 1:
+                yield words[k], (step, box_mask ^ (1 << step) ^ (1 << beyond))
+
+    return shortest_path((index[player], start_boxes), successors, lambda state: state[1] == goal, max_states)
+
+
+def solve_env(env: "SokobanEnv", max_states: int = MAX_SOLVER_STATES) -> list[str] | None:
+    """`solve` from the environment's current state."""
+    return solve(env.walls, env.targets, env.boxes, env.player, max_states)
+
+
+def parse_room(text: str, symbols: str = LEGEND) -> Level:
+    """Read a room written with `symbols` (see SokobanConfig) into (walls, targets, boxes) and the player."""
+    wall, _, target, box_on_target, box, player, player_on_target = symbols
     rows = text.strip("\n").split("\n")
     if len({len(row) for row in rows}) != 1:
         raise ValueError("room rows must all have the same length")
     chars = np.array([list(row) for row in rows])
-    unknown = set(chars.flat) - set(LEGEND)
+    unknown = set(chars.flat) - set(symbols)
     if unknown:
-        raise ValueError(f"room has unknown symbols {sorted(unknown)}; use only {LEGEND!r}")
-    walls = chars == WALL
+        raise ValueError(f"room has unknown symbols {sorted(unknown)}; use only {symbols!r}")
+    walls = chars == wall
     if not (walls[0].all() and walls[-1].all() and walls[:, 0].all() and walls[:, -1].all()):
-        raise ValueError(f"room must be enclosed: its border must be all walls ({WALL!r})")
-    targets = np.isin(chars, [TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET])
-    boxes = np.isin(chars, [BOX, BOX_ON_TARGET])
-    players = np.argwhere(np.isin(chars, [PLAYER, PLAYER_ON_TARGET]))
+        raise ValueError(f"room must be enclosed: its border must be all walls ({wall!r})")
+    targets = np.isin(chars, [target, box_on_target, player_on_target])
+    boxes = np.isin(chars, [box, box_on_target])
+    players = np.argwhere(np.isin(chars, [player, player_on_target]))
     if len(players) != 1:
         raise ValueError(
-            f"room must have exactly one player ({PLAYER!r} or {PLAYER_ON_TARGET!r}), found {len(players)}"
+            f"room must have exactly one player ({player!r} or {player_on_target!r}), found {len(players)}"
         )
     if boxes.sum() == 0 or boxes.sum() != targets.sum():
         raise ValueError(
@@ -171,27 +287,54 @@ def parse_room(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Cell]:
     return walls, targets, boxes, (int(players[0][0]), int(players[0][1]))
 
 
-def _text_space(height: int, width: int) -> spaces.Text:
-    return spaces.Text(max_length=(width + 1) * height, charset=LEGEND + "\n")
+def _instructions(symbols: str) -> str:
+    wall, floor, target, box_on_target, box, player, player_on_target = symbols
+    return (
+        "You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
+        "boxes cannot be pulled, and a box against a wall or another box does not move.\n"
+        f"Legend: {wall} wall, {floor} floor, {target} target, {box} box, {box_on_target} box on target, "
+        f"{player} player, {player_on_target} player on target.\n"
+        f"Actions: {', '.join(ACTIONS)}."
+    )
+
+
+def _tiles(symbols: str) -> dict[str, np.ndarray]:
+    """One picture per symbol; the player on a target is the player's disc over the target's ring."""
+    wall, floor, target, box_on_target, box, player, player_on_target = symbols
+    target_tile = tile(FLOOR_RGB, "ring", TARGET_RGB)
+    player_tile = tile(FLOOR_RGB, "disc", PLAYER_RGB)
+    disc = (player_tile != FLOOR_RGB).any(axis=-1, keepdims=True)  # (TILE, TILE, 1)
+    return {
+        wall: tile(WALL_RGB),
+        floor: tile(FLOOR_RGB),
+        target: target_tile,
+        box_on_target: tile(FLOOR_RGB, "square", BOX_ON_TARGET_RGB),
+        box: tile(FLOOR_RGB, "square", BOX_RGB),
+        player: player_tile,
+        player_on_target: np.where(disc, player_tile, target_tile),
+    }
+
+
+def _text_space(height: int, width: int, symbols: str) -> spaces.Text:
+    return spaces.Text(max_length=(width + 1) * height, charset=symbols + "\n")
 
 
 class SokobanEnv(gymnasium.Env):
     """Grid Sokoban with text states; `reset(options={"room": text})` loads a fixed room instead of a new level."""
 
-    metadata = {"render_modes": ["ansi"]}
-    instructions: str = (
-        "You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
-        "boxes cannot be pulled, and a box against a wall or another box does not move.\n"
-        f"Legend: {WALL} wall, {FLOOR} floor, {TARGET} target, {BOX} box, {BOX_ON_TARGET} box on target, "
-        f"{PLAYER} player, {PLAYER_ON_TARGET} player on target.\n"
-        "Actions: Up, Down, Left, Right."
-    )
+    metadata = {"render_modes": ["ansi", "rgb_array"]}
+    # The class attribute describes the default symbols; an instance rewrites it for its configured ones.
+    instructions: str = _instructions(LEGEND)
     example_action: str = "Left"
 
     def __init__(self, config: SokobanConfig, render_mode: str = "ansi") -> None:
+        if render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r} must be one of {self.metadata['render_modes']}")
         self.config = config
         self.render_mode = render_mode
-        self.observation_space = _text_space(config.dim_y, config.dim_x)
+        self.instructions = _instructions(config.symbols)
+        self.tiles = _tiles(config.symbols)
+        self.observation_space = _text_space(config.dim_y, config.dim_x, config.symbols)
         self.action_space = spaces.Text(max_length=16)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -200,26 +343,27 @@ class SokobanEnv(gymnasium.Env):
         if set(options) - {"room"}:
             raise ValueError(f"unknown reset options {sorted(set(options) - {'room'})}; the only option is 'room'")
         if "room" in options:
-            self.walls, self.targets, self.boxes, self.player = parse_room(options["room"])
-            self.observation_space = _text_space(*self.walls.shape)
+            self.walls, self.targets, self.boxes, self.player = parse_room(options["room"], self.config.symbols)
         else:
             self.walls, self.targets, self.boxes, self.player = generate_level(self.config, self.np_random)
+        self.observation_space = _text_space(*self.walls.shape, self.config.symbols)  # a loaded room sets its own size
         self.num_steps = 0
-        return self.render(), {}
+        return self._text(), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        direction = ACTIONS.get(action.strip().lower())
-        if direction is None:
-            info = {"action_is_valid": False, "action_is_effective": False, "success": self._solved()}
-            return self.render(), 0.0, False, False, info
+        word = ACTION_BY_WORD.get(action.strip().lower())
+        if word is None:
+            return self._text(), 0.0, False, False, step_info(False, False, self._solved())
 
         self.num_steps += 1
-        moved, box_reward = self._move(direction)
+        moved, box_reward = self._move(ACTIONS[word])
         solved = self._solved()
         reward = STEP_REWARD + box_reward + (SOLVED_REWARD if solved else 0.0)
         truncated = not solved and self.num_steps >= self.config.max_steps
-        info = {"action_is_valid": True, "action_is_effective": moved, "success": solved}
-        return self.render(), reward, solved, truncated, info
+        return self._text(), float(reward), solved, truncated, step_info(True, moved, solved)
+
+    def sample_action(self, rng: np.random.Generator) -> str:
+        return list(ACTIONS)[int(rng.integers(len(ACTIONS)))]
 
     def _move(self, direction: Cell) -> tuple[bool, float]:
         """Step the player, pushing the box ahead if the cell beyond it is free. Returns (moved, box reward)."""
@@ -239,11 +383,21 @@ class SokobanEnv(gymnasium.Env):
     def _solved(self) -> bool:
         return bool((self.boxes == self.targets).all())
 
-    def render(self) -> str:
-        grid = np.full(self.walls.shape, FLOOR)
-        grid[self.walls] = WALL
-        grid[self.targets] = TARGET
-        grid[self.boxes] = BOX
-        grid[self.boxes & self.targets] = BOX_ON_TARGET
-        grid[self.player] = PLAYER_ON_TARGET if self.targets[self.player] else PLAYER
-        return "\n".join("".join(row) for row in grid)
+    def _symbol_grid(self) -> np.ndarray:
+        wall, floor, target, box_on_target, box, player, player_on_target = self.config.symbols
+        grid = np.full(self.walls.shape, floor)  # (H, W) one-character strings
+        grid[self.walls] = wall
+        grid[self.targets] = target
+        grid[self.boxes] = box
+        grid[self.boxes & self.targets] = box_on_target
+        grid[self.player] = player_on_target if self.targets[self.player] else player
+        return grid
+
+    def _text(self) -> str:
+        return "\n".join("".join(row) for row in self._symbol_grid())
+
+    def render(self) -> str | np.ndarray:
+        """The text state ("ansi"), or a (H * TILE, W * TILE, 3) uint8 picture ("rgb_array")."""
+        if self.render_mode == "rgb_array":
+            return grid_to_rgb(self._symbol_grid(), self.tiles)
+        return self._text()

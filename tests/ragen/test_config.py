@@ -1,21 +1,14 @@
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 
-from pathlib import Path
-
-from ragen.config import ConfigError, RagenConfig, validate
-
-CONFIG_DIR = str(Path(__file__).parents[2] / "config")
+from ragen.config import ConfigError, RagenConfig, load_config, validate
 
 
 def load(recipe: str, *overrides: str) -> RagenConfig:
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return OmegaConf.to_object(compose(recipe, overrides=list(overrides)))
+    return load_config(recipe, overrides)
 
 
-@pytest.mark.parametrize("recipe", ["sokoban", "bandit"])
+@pytest.mark.parametrize("recipe", ["sokoban", "bandit", "frozen_lake", "countdown"])
 @pytest.mark.parametrize("scale", ["cpu", "gpu"])
 def test_recipes_compose_and_validate(recipe, scale):
     cfg = load(recipe, f"scale={scale}")
@@ -68,3 +61,12 @@ def test_batch_must_split_over_ranks():
     cfg = load("sokoban", "scale=cpu", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
     with pytest.raises(ConfigError, match="ranks"):
         validate(cfg, world_size=3)
+
+
+def test_a_mix_of_environments_per_batch():
+    cfg = load("sokoban", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake,Countdown]",
+               "es_manager.train.env_configs.n_groups=[4,2,2]")
+    validate(cfg, world_size=1)
+    with pytest.raises(ConfigError, match="n_groups sums to 7"):
+        validate(load("sokoban", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake]",
+                      "es_manager.train.env_configs.n_groups=[4,3]"), world_size=1)

@@ -1,10 +1,27 @@
 import pytest
 
-from ragen.envs import ENV_REGISTRY, BanditEnv, SokobanEnv, check_env_config, make_env
+from ragen.envs import (
+    ENV_REGISTRY,
+    BanditConfig,
+    BanditEnv,
+    CountdownConfig,
+    CountdownEnv,
+    FrozenLakeConfig,
+    FrozenLakeEnv,
+    SokobanConfig,
+    SokobanEnv,
+    check_env_config,
+    make_env,
+)
 
 
 def test_registry_holds_env_and_config_classes():
-    assert ENV_REGISTRY["bandit"][0] is BanditEnv and ENV_REGISTRY["sokoban"][0] is SokobanEnv
+    assert ENV_REGISTRY == {
+        "bandit": (BanditEnv, BanditConfig),
+        "countdown": (CountdownEnv, CountdownConfig),
+        "frozen_lake": (FrozenLakeEnv, FrozenLakeConfig),
+        "sokoban": (SokobanEnv, SokobanConfig),
+    }
 
 
 def test_make_env_builds_config_from_dict():
@@ -22,7 +39,7 @@ def test_make_env_defaults_and_int_for_float():
 
 @pytest.mark.parametrize("build", [make_env, check_env_config])
 def test_unknown_env_type_names_it_and_lists_registered(build):
-    with pytest.raises(ValueError, match=r"'frozenlake'.*\['bandit', 'sokoban'\]"):
+    with pytest.raises(ValueError, match=r"'frozenlake'.*\['bandit', 'countdown', 'frozen_lake', 'sokoban'\]"):
         build("frozenlake", {})
 
 
@@ -35,7 +52,8 @@ def test_unknown_key_names_it_and_lists_fields(build):
 @pytest.mark.parametrize(
     "env_type, key, value",
     [("sokoban", "dim_x", "6"), ("sokoban", "num_boxes", 1.5), ("sokoban", "max_steps", True),
-     ("bandit", "risky_prob", "0.3"), ("bandit", "safe_arm_name", 3)],
+     ("bandit", "risky_prob", "0.3"), ("bandit", "safe_arm_name", 3), ("frozen_lake", "is_slippery", 1),
+     ("frozen_lake", "p", "0.8"), ("countdown", "num_numbers", 3.0), ("sokoban", "symbols", 7)],
 )
 def test_wrong_type_names_the_key(env_type, key, value):
     with pytest.raises(ValueError, match=key):

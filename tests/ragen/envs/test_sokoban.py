@@ -1,15 +1,19 @@
-from collections import deque
+import itertools
+from collections import Counter, deque
 
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from ragen.envs.sokoban import SokobanConfig, SokobanEnv
+from ragen.envs import sokoban
+from ragen.envs.sokoban import SokobanConfig, SokobanEnv, parse_room, solve, solve_env
+from ragen.envs.utils import TILE
 
 INFO_KEYS = {"action_is_valid", "action_is_effective", "success"}
 MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 
 
-def solve(grid: str, max_moves: int = 200) -> list[str] | None:
+def reference_solve(grid: str, max_moves: int = 200) -> list[str] | None:
     """Breadth-first search over (player, boxes) for the shortest action sequence that solves the grid.
 
     The reference for solvability: written from the rules alone, sharing no code with the environment.
@@ -63,8 +67,9 @@ def room_env(room: str, max_steps: int = 100) -> tuple[SokobanEnv, str]:
     return env, obs
 
 
-def test_passes_gymnasium_check_env():
-    check_env(SokobanEnv(SokobanConfig()))
+@pytest.mark.parametrize("render_mode", ["ansi", "rgb_array"])
+def test_passes_gymnasium_check_env(render_mode):
+    check_env(SokobanEnv(SokobanConfig(), render_mode=render_mode))
 
 
 def test_same_seed_same_level_and_seeds_differ():
@@ -90,7 +95,7 @@ def test_generated_levels_are_solvable_and_well_formed(num_boxes):
         assert obs.count("O") + obs.count("S") == num_boxes
         assert obs.count("P") + obs.count("S") == 1
 
-        solution = solve(obs)
+        solution = reference_solve(obs)
         assert solution, f"seed {seed} has no solution within 200 moves:\n{obs}"
         # The environment agrees with the reference: the solution solves it, with the expected reward.
         total = 0.0
@@ -123,6 +128,13 @@ def test_push_off_target_costs():
     assert reward == pytest.approx(0.9) and not terminated, "one box on target, one still off"
 
 
+def test_push_from_target_onto_target_is_neither_reward_nor_penalty():
+    env, _ = room_env("######\n#P√O_#\n#_X__#\n######")
+    obs, reward, terminated, _, info = env.step("Right")
+    assert obs == "######\n#_S√_#\n#_X__#\n######"
+    assert reward == pytest.approx(-0.1) and not terminated and not info["success"]
+
+
 def test_plain_move_costs_a_step():
     env, _ = room_env("######\n#P_XO#\n######")
     obs, reward, terminated, truncated, info = env.step("right")
@@ -148,7 +160,7 @@ def test_blocked_move_is_valid_but_not_effective(room, action):
     assert info == {"action_is_valid": True, "action_is_effective": False, "success": False}
 
 
-@pytest.mark.parametrize("action", ["Jump", "", "up left", "U"])
+@pytest.mark.parametrize("action", ["Jump", "", "   ", "up left", "U", "Up.", "<answer>Up</answer>", "上"])
 def test_invalid_action_leaves_state_unchanged_and_is_not_a_step(action):
     env, obs = room_env("######\n#P_XO#\n######", max_steps=2)
     next_obs, reward, terminated, truncated, info = env.step(action)
@@ -219,5 +231,154 @@ def test_config_rejects_bad_values(kwargs, field):
 def test_impossible_generation_raises_runtime_error():
     # 7 boxes fill 7 of the 9 interior cells: there is no room to get every box off a target.
     env = SokobanEnv(SokobanConfig(dim_x=5, dim_y=5, num_boxes=7))
-    with pytest.raises(RuntimeError, match="could not generate"):
+    with pytest.raises(RuntimeError, match="could not generate.*search_depth.*dim_x, dim_y.*num_boxes"):
         env.reset(seed=0)
+
+
+def test_generation_retries_with_derived_generators_then_gives_up(monkeypatch):
+    states = []
+
+    def failing_attempt(config, rng):
+        states.append(rng.bit_generator.state["state"]["state"])
+        return None
+
+    monkeypatch.setattr(sokoban, "_generation_attempt", failing_attempt)
+    with pytest.raises(RuntimeError, match="could not generate"):
+        SokobanEnv(SokobanConfig()).reset(seed=0)
+    assert len(states) == sokoban.MAX_GENERATION_ATTEMPTS
+    assert len(set(states)) == len(states), "every attempt runs on a generator of its own"
+
+
+def test_oracle_solves_every_default_level_of_200_seeds():
+    env = SokobanEnv(SokobanConfig())
+    lengths = []
+    for seed in range(200):
+        obs, _ = env.reset(seed=seed)
+        solution = solve_env(env)
+        assert solution is not None, f"seed {seed} unsolved:\n{obs}"
+        assert len(solution) >= sokoban.MIN_START_MOVES, f"seed {seed} is trivially easy:\n{obs}"
+        rewards = [env.step(action)[1:4] for action in solution]
+        assert [terminated for _, terminated, _ in rewards] == [False] * (len(solution) - 1) + [True]
+        assert not any(truncated for *_, truncated in rewards)
+        # The best one-box episode: one push onto the target (+1) and the solve (+10), -0.1 per move.
+        assert sum(reward for reward, *_ in rewards) == pytest.approx(11.0 - 0.1 * len(solution))
+        lengths.append(len(solution))
+    assert np.median(lengths) >= 4, "levels should mostly need more than a few moves"
+
+
+@pytest.mark.parametrize("dim, num_boxes, seeds", [(6, 1, 60), (7, 2, 30)])
+def test_oracle_finds_solutions_as_short_as_the_reference(dim, num_boxes, seeds):
+    env = SokobanEnv(SokobanConfig(dim_x=dim, dim_y=dim, num_boxes=num_boxes))
+    for seed in range(seeds):
+        obs, _ = env.reset(seed=seed)
+        assert len(solve_env(env)) == len(reference_solve(obs)), f"seed {seed}:\n{obs}"
+
+
+@pytest.mark.parametrize(
+    "room, expected",
+    [
+        ("#####\n#PXO#\n#####", ["Right"]),
+        ("#####\n#P√_#\n#####", []),  # already solved
+        ("######\n#_XPO#\n#____#\n######", ["Down", "Left", "Left", "Up", "Right", "Right"]),
+        ("######\n#X_PO#\n#____#\n######", None),  # box in a corner
+        ("#######\n#_X__P#\n#_____#\n#__O__#\n#######", None),  # box stuck along the top wall
+    ],
+)
+def test_oracle_hand_cases(room, expected):
+    assert solve(*parse_room(room)) == expected
+
+
+def test_oracle_gives_up_past_max_states():
+    room = "#######\n#P____#\n#_X___#\n#____O#\n#######"
+    assert len(solve(*parse_room(room))) == 7
+    with pytest.raises(RuntimeError, match="more than 5 states"):
+        solve(*parse_room(room), max_states=5)
+
+
+def test_sample_action_is_uniform_valid_and_leaves_the_env_alone():
+    env = SokobanEnv(SokobanConfig())
+    env.reset(seed=0)
+    before = env.np_random.bit_generator.state
+    rng = np.random.default_rng(0)
+    counts = Counter(env.sample_action(rng) for _ in range(4000))
+    assert env.np_random.bit_generator.state == before
+    assert set(counts) == {"Up", "Down", "Left", "Right"}
+    assert all(900 < n < 1100 for n in counts.values())
+    assert env.sample_action(np.random.default_rng(7)) == env.sample_action(np.random.default_rng(7))
+    assert env.step(env.sample_action(rng))[4]["action_is_valid"]
+
+
+ALL_SYMBOLS_ROOMS = ["#######\n#_O√XP#\n#######", "#######\n#_S√X_#\n#######"]  # every symbol appears
+
+
+def test_rgb_array_draws_one_distinct_tile_per_symbol():
+    env = SokobanEnv(SokobanConfig(), render_mode="rgb_array")
+    obs, _ = env.reset(seed=3)
+    assert isinstance(obs, str) and "\n" in obs, "the observation stays text"
+    picture = env.render()
+    assert picture.shape == (6 * TILE, 6 * TILE, 3) and picture.dtype == np.uint8
+
+    tiles = {}
+    for room in ALL_SYMBOLS_ROOMS:
+        env.reset(options={"room": room})
+        picture = env.render()
+        assert picture.shape == (3 * TILE, 7 * TILE, 3)
+        for col, symbol in enumerate(room.split("\n")[1]):
+            tiles[symbol] = picture[TILE : 2 * TILE, col * TILE : (col + 1) * TILE]
+    assert sorted(tiles) == sorted(sokoban.LEGEND)
+    for (a, tile_a), (b, tile_b) in itertools.combinations(tiles.items(), 2):
+        assert not np.array_equal(tile_a, tile_b), f"{a!r} and {b!r} look the same"
+
+
+def test_rgb_array_follows_the_state():
+    env = SokobanEnv(SokobanConfig(), render_mode="rgb_array")
+    env.reset(options={"room": "#####\n#PXO#\n#####"})
+    before = env.render()
+    env.step("Right")
+    after = env.render()
+    changed_columns = {col // TILE for col in np.nonzero((before != after).any(axis=(0, 2)))[0]}
+    assert changed_columns == {1, 2, 3}, "player, box and target cells change; walls do not"
+
+
+def test_render_mode_is_checked():
+    with pytest.raises(ValueError, match="render_mode"):
+        SokobanEnv(SokobanConfig(), render_mode="human")
+
+
+def test_custom_symbols_are_used_everywhere():
+    config = SokobanConfig(symbols="W.tBbpq")  # wall, floor, target, box on target, box, player, player on target
+    env = SokobanEnv(config)
+    obs, _ = env.reset(seed=5)
+    assert set(obs) <= set("W.tbpq\n") and obs.count("b") == 1
+    assert env.observation_space.contains(obs)
+    default_obs, _ = SokobanEnv(SokobanConfig()).reset(seed=5)
+    assert obs == default_obs.translate(str.maketrans(sokoban.LEGEND, "W.tBbpq")), "only the symbols differ"
+    assert "Legend: W wall, . floor, t target, b box, B box on target, p player, q player on target." in (
+        env.instructions
+    )
+    assert "#" not in env.instructions.split("Legend:")[1]
+    assert SokobanEnv.instructions != env.instructions
+
+    obs, _ = env.reset(options={"room": "WWWWWW\nWpbt.W\nWWWWWW"})
+    obs, reward, terminated, _, _ = env.step("Right")
+    assert obs == "WWWWWW\nW.pB.W\nWWWWWW" and terminated and reward == pytest.approx(10.9)
+    with pytest.raises(ValueError, match="unknown symbols"):
+        env.reset(options={"room": "#####\n#PXO#\n#####"})
+    check_env(env)
+
+
+@pytest.mark.parametrize("symbols", ["#_O√XP", "#_O√XPSS", "#_O√XPP", "#_O√X S", "#_O√X\tS", "#_O√XP\n"])
+def test_config_rejects_bad_symbols(symbols):
+    with pytest.raises(ValueError, match="symbols"):
+        SokobanConfig(symbols=symbols)
+
+
+def test_default_instructions_carry_the_default_legend_and_actions():
+    env = SokobanEnv(SokobanConfig())
+    assert env.instructions == SokobanEnv.instructions
+    assert "Legend: # wall, _ floor, O target, X box, √ box on target, P player, S player on target." in (
+        env.instructions
+    )
+    assert "Actions: Up, Down, Left, Right." in env.instructions
+    env.reset(seed=0)
+    assert env.step(env.example_action)[4]["action_is_valid"]

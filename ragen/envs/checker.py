@@ -1,0 +1,143 @@
+"""`check_env`: does a text environment keep the contract the rest of RAGEN relies on?
+
+Gymnasium's own checker covers spaces, seeding and the 5-tuple; this one adds what a text agent needs:
+string observations equal to the "ansi" render, the three `info` keys, invalid text that changes nothing
+(not the state, not the random stream, not the step count), episodes that end, and a format example that
+is itself a valid action. Run it on every new environment (README: "Add your own environment").
+"""
+
+import warnings
+
+import gymnasium
+import numpy as np
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
+
+INFO_KEYS = ("action_is_valid", "action_is_effective", "success")
+INVALID_ACTIONS = (
+    "",
+    "   ",
+    "definitely not an action",
+    "<answer></answer>",
+    "</answer>",
+    "\x00\x01",
+    "↑ ⟶ ✓",
+    "a" * 10_000,
+)
+
+
+class EnvContractError(Exception):
+    """The environment breaks the RAGEN environment contract (DESIGN.md, "Environments")."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise EnvContractError(message)
+
+
+def check_env(env: gymnasium.Env, seed: int = 0, max_episode_steps: int = 1000) -> None:
+    """Raise EnvContractError naming the first broken rule; return None when `env` keeps the contract.
+
+    The env is reset and stepped many times; its state afterwards is arbitrary. `max_episode_steps` bounds
+    how many valid actions an episode may take before it must terminate or truncate.
+    """
+    env = env.unwrapped
+    for name in ("instructions", "example_action"):
+        _require(isinstance(getattr(env, name, None), str) and getattr(env, name).strip() != "",
+                 f"{type(env).__name__} needs a non-empty str attribute `{name}` (used in the prompt)")
+    _require(callable(getattr(env, "sample_action", None)),
+             f"{type(env).__name__} needs `sample_action(rng) -> str` (a random well-formed action)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its advice on Box bounds and render fps is not meant for text envs
+        try:
+            gymnasium_check_env(env, skip_render_check=True)
+        except AssertionError as e:
+            raise EnvContractError(f"gymnasium's env checker: {e}") from e
+
+    _check_reset(env, seed)
+    reference = _play(env, seed, max_episode_steps)
+    _require(reference == _play(env, seed, max_episode_steps),
+             "the same seed and the same actions gave a different episode: draw randomness only from "
+             "self.np_random and reseed it in reset(seed=...) via super().reset(seed=seed)")
+    _require(reference == _play(env, seed, max_episode_steps, interleave_invalid=True),
+             "interleaving invalid actions changed the episode: an invalid action must leave the state, the "
+             "random stream and the step count untouched")
+    _check_example_action(env, seed)
+    _check_rgb_array(env, seed)
+
+
+def _check_reset(env: gymnasium.Env, seed: int) -> None:
+    result = env.reset(seed=seed)
+    _require(isinstance(result, tuple) and len(result) == 2, "reset() must return (obs, info)")
+    obs, info = result
+    _require(isinstance(obs, str), f"reset() must return a str observation, got {type(obs).__name__}")
+    _require(isinstance(info, dict), f"reset() must return an info dict, got {type(info).__name__}")
+    if env.render_mode == "ansi":
+        _require(obs == env.render(), "the observation must equal render() in 'ansi' mode")
+    _require(env.reset(seed=seed)[0] == obs, "reset(seed=s) twice must give the same first observation")
+
+
+def _check_step(env: gymnasium.Env, action: str) -> tuple:
+    result = env.step(action)
+    _require(isinstance(result, tuple) and len(result) == 5,
+             "step() must return (obs, reward, terminated, truncated, info)")
+    obs, reward, terminated, truncated, info = result
+    _require(isinstance(obs, str), f"step() must return a str observation, got {type(obs).__name__}")
+    _require(isinstance(reward, float), f"reward must be a Python float, got {type(reward).__name__}")
+    _require(isinstance(terminated, bool) and isinstance(truncated, bool),
+             "terminated and truncated must be Python bools")
+    _require(isinstance(info, dict) and all(isinstance(info.get(k), bool) for k in INFO_KEYS),
+             f"info must carry the bools {INFO_KEYS}, got {info!r}")
+    _require(not (terminated and truncated), "an episode that terminated must not also report truncated")
+    if env.render_mode == "ansi":
+        _require(obs == env.render(), "the observation must equal render() in 'ansi' mode")
+    return result
+
+
+def _check_invalid(env: gymnasium.Env, action: str, obs: str) -> None:
+    next_obs, reward, terminated, truncated, info = _check_step(env, action)
+    _require(not info["action_is_valid"], f"invalid action {action[:40]!r} was reported valid")
+    _require(next_obs == obs and reward == 0.0 and not terminated and not truncated,
+             f"invalid action {action[:40]!r} must leave the state unchanged with reward 0.0 and not end the "
+             "episode")
+
+
+def _play(env: gymnasium.Env, seed: int, max_steps: int, interleave_invalid: bool = False) -> list:
+    """One episode of random valid actions from a fixed rng; the transcript of what happened."""
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    transcript = [obs]
+    for step in range(max_steps):
+        if interleave_invalid:
+            _check_invalid(env, INVALID_ACTIONS[step % len(INVALID_ACTIONS)], obs)
+        action = env.sample_action(rng)
+        _require(isinstance(action, str), f"sample_action must return a str, got {type(action).__name__}")
+        obs, reward, terminated, truncated, info = _check_step(env, action)
+        _require(info["action_is_valid"], f"sample_action gave {action!r}, which the env reports invalid")
+        transcript.append((action, obs, reward, terminated, truncated, info["success"]))
+        if terminated or truncated:
+            return transcript
+    raise EnvContractError(
+        f"an episode of random valid actions did not end within {max_steps} steps: give the env a step limit "
+        "(`max_steps`) that sets truncated=True"
+    )
+
+
+def _check_example_action(env: gymnasium.Env, seed: int) -> None:
+    env.reset(seed=seed)
+    info = _check_step(env, env.example_action)[4]
+    _require(info["action_is_valid"],
+             f"example_action {env.example_action!r} must be a valid action: the prompt shows it as the format")
+
+
+def _check_rgb_array(env: gymnasium.Env, seed: int) -> None:
+    if "rgb_array" not in env.metadata.get("render_modes", []):
+        return
+    mode = env.render_mode
+    env.reset(seed=seed)
+    env.render_mode = "rgb_array"
+    try:
+        picture = env.render()
+    finally:
+        env.render_mode = mode
+    _require(isinstance(picture, np.ndarray) and picture.dtype == np.uint8 and picture.ndim == 3
+             and picture.shape[2] == 3, "render() in 'rgb_array' mode must return an (H, W, 3) uint8 array")

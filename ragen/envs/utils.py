@@ -1,0 +1,79 @@
+"""Pieces every grid environment shares: the step `info`, tile pictures for `rgb_array`, a shortest-path search."""
+
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
+
+import numpy as np
+
+TILE = 16  # side of one grid cell in rgb_array pictures, in pixels
+State = TypeVar("State", bound=Hashable)
+
+
+def step_info(valid: bool, effective: bool, success: bool) -> dict[str, bool]:
+    """The keys every environment's `info` carries after a step (DESIGN.md)."""
+    return {"action_is_valid": bool(valid), "action_is_effective": bool(effective), "success": bool(success)}
+
+
+def tile(background: tuple[int, int, int], shape: str = "full", color: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
+    """One (TILE, TILE, 3) uint8 cell: a background with a centred `shape` in `color`.
+
+    Shapes: "full" (background only), "square" (inset square), "ring" (inset square outline), "disc".
+    """
+    picture = np.empty((TILE, TILE, 3), dtype=np.uint8)
+    picture[:] = background
+    rows, cols = np.mgrid[:TILE, :TILE] + 0.5
+    inset = TILE * 0.2
+    inside = (rows > inset) & (rows < TILE - inset) & (cols > inset) & (cols < TILE - inset)
+    if shape == "square":
+        picture[inside] = color
+    elif shape == "ring":
+        border = TILE * 0.12
+        core = (rows > inset + border) & (rows < TILE - inset - border) & (cols > inset + border) & (
+            cols < TILE - inset - border
+        )
+        picture[inside & ~core] = color
+    elif shape == "disc":
+        picture[(rows - TILE / 2) ** 2 + (cols - TILE / 2) ** 2 < (TILE * 0.32) ** 2] = color
+    else:
+        assert shape == "full", f"unknown tile shape {shape!r}"
+    return picture
+
+
+def grid_to_rgb(grid: np.ndarray, tiles: dict[str, np.ndarray]) -> np.ndarray:
+    """A (H, W) array of symbols drawn as a (H*TILE, W*TILE, 3) uint8 picture, one tile per cell."""
+    symbols = sorted(tiles)
+    ids = np.searchsorted(symbols, grid)  # (H, W) index of each cell's symbol
+    stack = np.stack([tiles[s] for s in symbols])  # (K, TILE, TILE, 3)
+    height, width = grid.shape
+    return stack[ids].transpose(0, 2, 1, 3, 4).reshape(height * TILE, width * TILE, 3)
+
+
+def shortest_path(
+    start: State,
+    successors: Callable[[State], Iterable[tuple[str, State]]],
+    is_goal: Callable[[State], bool],
+    max_states: int = 1_000_000,
+) -> list[str] | None:
+    """Breadth-first search: the shortest list of actions from `start` to a goal state, or None if none.
+
+    `successors(state)` yields (action, next_state) pairs. Gives up with a RuntimeError after visiting
+    `max_states` states, so a huge room cannot hang the caller.
+    """
+    parents: dict[State, tuple[State, str] | None] = {start: None}
+    frontier = deque([start])
+    while frontier:
+        state = frontier.popleft()
+        if is_goal(state):
+            path = []
+            while parents[state] is not None:
+                state, action = parents[state]
+                path.append(action)
+            return path[::-1]
+        for action, next_state in successors(state):
+            if next_state not in parents:
+                parents[next_state] = (state, action)
+                frontier.append(next_state)
+        if len(parents) > max_states:
+            raise RuntimeError(f"shortest_path visited more than {max_states} states without reaching a goal")
+    return None
