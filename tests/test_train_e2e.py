@@ -67,3 +67,13 @@ def test_bad_config_fails_before_loading_a_model(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "ppo_mini_batch_size" in result.stderr and "/nonexistent/model" not in result.stderr
+
+
+def test_a_mix_of_frozen_lake_and_countdown_in_one_batch(tiny_model_path, tmp_path):
+    train("frozen_lake", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
+          "agent_proxy.max_turn=2", "es_manager.train.env_configs.tags=[FrozenLake,Countdown]",
+          "es_manager.train.env_configs.n_groups=[1,1]")
+    (metrics,) = read_metrics(tmp_path)
+    for tag in ("FrozenLake", "Countdown"):
+        assert f"train/{tag}/success" in metrics and f"train/{tag}/valid_action_rate" in metrics
+    assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
