@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
-from ragen.envs.utils import grid_to_rgb, step_info, tile
+from ragen.envs.utils import grid_space, grid_to_rgb, step_info, tile
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
 ACTION_WORDS = ["Left", "Down", "Right", "Up"]  # indexed by action id
@@ -143,10 +143,6 @@ def oracle_action(env: "FrozenLakeEnv", gamma: float = 0.99) -> str:
     return ACTION_WORDS[policy[row * env.desc.shape[1] + col]]
 
 
-def _text_space(height: int, width: int) -> spaces.Text:
-    return spaces.Text(max_length=(width + 1) * height, charset=LEGEND + "\n")
-
-
 class FrozenLakeEnv(gymnasium.Env):
     """FrozenLake with text states; `reset(options={"map": rows})` loads a fixed map instead of a random one.
 
@@ -165,7 +161,7 @@ class FrozenLakeEnv(gymnasium.Env):
         self.config = config
         self.render_mode = render_mode
         self.instructions = INSTRUCTIONS + (SLIPPERY_NOTE if config.is_slippery else "")
-        self.observation_space = _text_space(config.size, config.size)
+        self.observation_space = grid_space(config.size, config.size, LEGEND)
         self.action_space = spaces.Text(max_length=16)
         self.lake: gym_frozen_lake.FrozenLakeEnv | None = None  # built by reset
         self.lake_rows: list[str] = []  # the map self.lake was built for
@@ -177,12 +173,12 @@ class FrozenLakeEnv(gymnasium.Env):
             raise ValueError(f"unknown reset options {sorted(set(options) - {'map'})}; the only option is 'map'")
         if "map" in options:
             self.desc = parse_map(options["map"])
-            self.observation_space = _text_space(*self.desc.shape)
+            self.observation_space = grid_space(*self.desc.shape, LEGEND)
         else:
             map_seed = int(self.np_random.integers(2**32))
             rows = gym_frozen_lake.generate_random_map(self.config.size, self.config.p, seed=map_seed)
             self.desc = _letters(rows)
-            self.observation_space = _text_space(self.config.size, self.config.size)
+            self.observation_space = grid_space(self.config.size, self.config.size, LEGEND)
         rows = ["".join(row) for row in self.desc]
         self.board = np.array([[LETTER_TO_SYMBOL[letter] for letter in row] for row in rows])  # (H, W)
         if self.lake is None or self.lake_rows != rows:  # building the transition table is most of a reset

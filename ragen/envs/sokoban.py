@@ -25,7 +25,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from ragen.envs.utils import grid_to_rgb, shortest_path, step_info, tile
+from ragen.envs.utils import grid_space, grid_to_rgb, shortest_path, step_info, tile
 
 ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
 ACTION_BY_WORD = {word.lower(): word for word in ACTIONS}  # actions match ignoring case
@@ -315,10 +315,6 @@ def _tiles(symbols: str) -> dict[str, np.ndarray]:
     }
 
 
-def _text_space(height: int, width: int, symbols: str) -> spaces.Text:
-    return spaces.Text(max_length=(width + 1) * height, charset=symbols + "\n")
-
-
 class SokobanEnv(gymnasium.Env):
     """Grid Sokoban with text states; `reset(options={"room": text})` loads a fixed room instead of a new level."""
 
@@ -334,7 +330,7 @@ class SokobanEnv(gymnasium.Env):
         self.render_mode = render_mode
         self.instructions = _instructions(config.symbols)
         self.tiles = _tiles(config.symbols)
-        self.observation_space = _text_space(config.dim_y, config.dim_x, config.symbols)
+        self.observation_space = grid_space(config.dim_y, config.dim_x, config.symbols)
         self.action_space = spaces.Text(max_length=16)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -346,7 +342,7 @@ class SokobanEnv(gymnasium.Env):
             self.walls, self.targets, self.boxes, self.player = parse_room(options["room"], self.config.symbols)
         else:
             self.walls, self.targets, self.boxes, self.player = generate_level(self.config, self.np_random)
-        self.observation_space = _text_space(*self.walls.shape, self.config.symbols)  # a loaded room sets its own size
+        self.observation_space = grid_space(*self.walls.shape, self.config.symbols)  # a loaded room sets its own size
         self.num_steps = 0
         return self._text(), {}
 

@@ -5,6 +5,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
 import numpy as np
+from gymnasium import spaces
 
 TILE = 16  # side of one grid cell in rgb_array pictures, in pixels
 State = TypeVar("State", bound=Hashable)
@@ -13,6 +14,11 @@ State = TypeVar("State", bound=Hashable)
 def step_info(valid: bool, effective: bool, success: bool) -> dict[str, bool]:
     """The keys every environment's `info` carries after a step (DESIGN.md)."""
     return {"action_is_valid": bool(valid), "action_is_effective": bool(effective), "success": bool(success)}
+
+
+def grid_space(height: int, width: int, symbols: str) -> spaces.Text:
+    """The observation space of a (height, width) grid drawn with `symbols`, one line per row."""
+    return spaces.Text(max_length=(width + 1) * height, charset=symbols + "\n")
 
 
 def tile(background: tuple[int, int, int], shape: str = "full", color: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
