@@ -6,6 +6,7 @@ string observations equal to the "ansi" render, the three `info` keys, invalid t
 is itself a valid action. Run it on every new environment (README: "Add your own environment").
 """
 
+import dataclasses
 import warnings
 
 import gymnasium
@@ -50,7 +51,7 @@ def check_env(env: gymnasium.Env, seed: int = 0, max_episode_steps: int = 1000) 
         warnings.simplefilter("ignore")  # its advice on Box bounds and render fps is not meant for text envs
         try:
             gymnasium_check_env(env, skip_render_check=True)
-        except AssertionError as e:
+        except (AssertionError, AttributeError) as e:  # AttributeError: no observation_space / action_space
             raise EnvContractError(f"gymnasium's env checker: {e}") from e
 
     _check_reset(env, seed)
@@ -63,6 +64,7 @@ def check_env(env: gymnasium.Env, seed: int = 0, max_episode_steps: int = 1000) 
              "random stream and the step count untouched")
     _check_example_action(env, seed)
     _check_rgb_array(env, seed)
+    _check_truncation(env, seed)
 
 
 def _check_reset(env: gymnasium.Env, seed: int) -> None:
@@ -141,3 +143,28 @@ def _check_rgb_array(env: gymnasium.Env, seed: int) -> None:
         env.render_mode = mode
     _require(isinstance(picture, np.ndarray) and picture.dtype == np.uint8 and picture.ndim == 3
              and picture.shape[2] == 3, "render() in 'rgb_array' mode must return an (H, W, 3) uint8 array")
+
+
+def _check_truncation(env: gymnasium.Env, seed: int, limit: int = 3, tries: int = 20) -> None:
+    """For envs with a `config.max_steps`: an episode cut by the limit reports truncated, not terminated.
+
+    Plays the same seeds and actions in a copy limited to `limit` steps and in one with a far higher limit;
+    where only the limited copy ends after `limit` steps, that end is the limit's.
+    """
+    config = getattr(env, "config", None)
+    if not (dataclasses.is_dataclass(config) and "max_steps" in {f.name for f in dataclasses.fields(config)}):
+        return
+    short = type(env)(dataclasses.replace(config, max_steps=limit))
+    long = type(env)(dataclasses.replace(config, max_steps=limit + max(config.max_steps, 1000)))
+    for episode_seed in range(seed, seed + tries):
+        short_end = _play(short, episode_seed, limit)[-1]
+        long_play = _play(long, episode_seed, limit + max(config.max_steps, 1000))
+        if len(long_play) - 1 <= limit:
+            continue  # the episode ended by itself within the limit: no truncation to see
+        _, _, _, terminated, truncated, _ = short_end
+        _require(truncated and not terminated,
+                 f"after max_steps={limit} valid actions the episode must end with truncated=True and "
+                 f"terminated=False (got terminated={terminated}, truncated={truncated})")
+        return
+    raise EnvContractError(f"could not see a truncation in {tries} episodes: every random episode ended within "
+                           f"{limit} actions")

@@ -77,8 +77,9 @@ class SokobanConfig:
             )
         if self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1")
-        if self.search_depth < 1:
-            raise ValueError(f"search_depth={self.search_depth} must be >= 1")
+        if self.search_depth < MIN_START_MOVES:
+            raise ValueError(f"search_depth={self.search_depth} must be >= {MIN_START_MOVES}: a start state needs at "
+                             f"least {MIN_START_MOVES} moves, so fewer reverse moves can never make a level")
         if len(self.symbols) != 7 or len(set(self.symbols)) != 7 or any(ch.isspace() for ch in self.symbols):
             raise ValueError(
                 f"symbols={self.symbols!r} must be 7 distinct non-whitespace characters for wall, floor, target, "

@@ -1,5 +1,6 @@
 import random
 import string
+from dataclasses import dataclass
 
 import gymnasium
 import pytest
@@ -21,14 +22,20 @@ def test_every_configured_env_passes(tag):
     check_env(make_env(spec.env_type, dict(spec.env_config)), seed=3)
 
 
+@dataclass
+class WalkConfig:
+    max_steps: int = 5
+
+
 class Walk(gymnasium.Env):
-    """A correct toy env: walk right to cell 3 with "right"; "stay" is valid but does nothing; 5-step limit."""
+    """A correct toy env: "right" moves right with probability 1/2 (cell 3 wins), "stay" does nothing."""
 
     metadata = {"render_modes": ["ansi"]}
     instructions = "Walk right to cell 3. Actions: right, stay."
     example_action = "right"
 
-    def __init__(self, render_mode: str = "ansi"):
+    def __init__(self, config: WalkConfig = WalkConfig(), render_mode: str = "ansi"):
+        self.config = config
         self.render_mode = render_mode
         self.observation_space = spaces.Text(max_length=16, charset=string.digits + "cel ")
         self.action_space = spaces.Text(max_length=16)
@@ -46,7 +53,8 @@ class Walk(gymnasium.Env):
         moved = action.strip().lower() == "right" and self.np_random.random() < 0.5
         self.position += int(moved)
         done = self.position >= 3
-        return self.render(), float(done), done, not done and self.steps >= 5, step_info(True, moved, done)
+        truncated = not done and self.steps >= self.config.max_steps
+        return self.render(), float(done), done, truncated, step_info(True, moved, done)
 
     def render(self):
         return f"cell {self.position}"
@@ -111,6 +119,18 @@ class NoSampleAction(Walk):
     sample_action = None
 
 
+class LimitReportedAsTerminated(Walk):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated or truncated, False, info
+
+
+class NoActionSpace(Walk):
+    def __init__(self):
+        super().__init__()
+        del self.action_space
+
+
 @pytest.mark.parametrize(
     "env_cls, message",
     [
@@ -122,6 +142,8 @@ class NoSampleAction(Walk):
         (IntReward, "Python float"),
         (InvalidReportedValid, "reported valid"),
         (NoSampleAction, "sample_action"),
+        (LimitReportedAsTerminated, "truncated=True"),
+        (NoActionSpace, "action space"),
     ],
 )
 def test_broken_env_is_caught_with_a_message(env_cls, message):

@@ -221,6 +221,7 @@ def test_unknown_reset_option_is_rejected():
         ({"dim_y": 2}, "dim_y"),
         ({"max_steps": 0}, "max_steps"),
         ({"search_depth": 0}, "search_depth"),
+        ({"search_depth": 2}, "search_depth"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, field):
