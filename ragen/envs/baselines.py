@@ -49,7 +49,7 @@ ORACLE_PLANS: dict[type[gymnasium.Env], Callable[[gymnasium.Env], list[str]]] = 
 
 class RandomAgent:
     def __init__(self, seed: int = 0):
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng([seed, 1])  # default_rng(seed) would replay env.reset(seed)'s stream
 
     def reset(self) -> None:
         pass

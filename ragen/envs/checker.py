@@ -105,7 +105,7 @@ def _check_invalid(env: gymnasium.Env, action: str, obs: str) -> None:
 
 def _play(env: gymnasium.Env, seed: int, max_steps: int, interleave_invalid: bool = False) -> list:
     """One episode of random valid actions from a fixed rng; the transcript of what happened."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([seed, 1])  # not default_rng(seed): that is the env's own stream for this seed
     obs, _ = env.reset(seed=seed)
     transcript = [obs]
     for step in range(max_steps):
