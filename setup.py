@@ -18,6 +18,6 @@ setup(
     extras_require={
         # Only for tests: gym-sokoban is the reference our Sokoban dynamics are checked against. It needs
         # the old `gym` and imports `pkg_resources`, which setuptools 81 removed.
-        "test": ["pytest>=8", "gym-sokoban==0.0.6", "setuptools<81"],
+        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81"],
     },
 )

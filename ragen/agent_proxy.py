@@ -2,75 +2,132 @@
 
 Each turn: the context manager builds a prompt per unfinished environment, the rollout workers generate
 replies, the replies are parsed into actions, and the environments step. The loop ends after
-`agent_proxy.max_turn` turns or as soon as every environment is done.
+`agent_proxy.max_turn` turns or as soon as every environment is done. The same loop serves training
+(`split="train"`, the training sampling and fresh start states every step) and validation (`split="val"`,
+the validation sampling and the same start states every time).
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ragen.config import AgentProxyConfig
-from ragen.context_manager import ANSWER_CLOSE, ContextManager, Trajectory
+from ragen.context_manager import ContextManager, Trajectory
 from ragen.env_state_manager import EnvState, EnvStateManager
 from verl.protocol import DataProto
-from verl.trainer.config import RolloutConfig
 from verl.workers.rollout import SamplingParams
 
 
-class AgentProxy:
-    def __init__(self, config: AgentProxyConfig, rollout: RolloutConfig, format_penalty: float, seed: int,
-                 actor_rollout_wg, env_manager: EnvStateManager, context: ContextManager):
-        self.config, self.format_penalty, self.seed = config, format_penalty, seed
-        self.sampling = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                                       max_new_tokens=rollout.response_length, stop=[ANSWER_CLOSE])
-        self.actor_rollout_wg, self.env_manager, self.context = actor_rollout_wg, env_manager, context
+@dataclass
+class Rollout:
+    batch: DataProto  # the trajectories as token tensors, for the update
+    metrics: dict[str, float]
+    records: list[dict]  # one per trajectory, turn by turn in text: what the JSONL files and the viewer show
 
-    def rollout(self, step: int) -> tuple[DataProto, dict[str, float]]:
+
+class AgentProxy:
+    def __init__(self, config: AgentProxyConfig, sampling: SamplingParams, format_penalty: float, seed: int,
+                 actor_rollout_wg, env_manager: EnvStateManager, context: ContextManager, split: str = "train"):
+        self.config, self.sampling, self.format_penalty, self.seed = config, sampling, format_penalty, seed
+        self.actor_rollout_wg, self.env_manager, self.context, self.split = actor_rollout_wg, env_manager, context, split
+
+    def rollout(self, step: int) -> Rollout:
         states = self.env_manager.reset(step)
         trajectories = [self.context.start(s.tag, s.obs, s.actions_left) for s in states]
+        records = [trajectory_record(s, step, self.split) for s in states]
+        self._check_first_prompts(states, trajectories)
         for turn in range(self.config.max_turn):
             active = [s for s in states if not s.done]
             if not active:
                 break
             sampling = replace(self.sampling, seed=self.seed + 1000 * step + turn)
-            prompts = DataProto(non_tensor_batch={"prompt_ids": [trajectories[s.env_id].input_ids for s in active]},
-                                meta_info={"sampling": sampling})
+            prompt_ids = [self.context.prompt_ids(trajectories[s.env_id]) for s in active]
+            prompts = DataProto(non_tensor_batch={"prompt_ids": prompt_ids}, meta_info={"sampling": sampling})
             responses = self.actor_rollout_wg.generate_sequences(prompts).non_tensor_batch["response_ids"]
             for state, response_ids in zip(active, responses):
-                trajectory = trajectories[state.env_id]
-                parsed = self.context.parse(self.context.add_response(trajectory, list(response_ids)))
+                trajectory, shown = trajectories[state.env_id], state.obs
+                reply = self.context.add_response(trajectory, list(response_ids))
+                parsed = self.context.parse(reply)
                 record = self.env_manager.step(state.env_id, parsed.actions)
                 reward = record.reward + (0.0 if parsed.format_ok else self.format_penalty)
                 trajectory.turn_rewards.append(reward)
                 trajectory.format_ok.append(parsed.format_ok)
-                if not state.done and turn + 1 < self.config.max_turn:
-                    self.context.add_observation(trajectory, state.obs, reward, state.actions_left)
+                records[state.env_id]["turns"].append({
+                    "state": shown, "response": reply, "format_ok": parsed.format_ok, "actions": record.actions,
+                    "action_valid": record.valid, "action_effective": record.effective, "reward": reward,
+                    "done": state.done})
+                if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
+                        trajectory, state.obs, reward, state.actions_left, self.sampling.max_new_tokens):
+                    state.done = state.context_truncated = True
+        for state, record in zip(states, records):
+            record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),
+                       "context_truncated": state.context_truncated, "final_state": state.obs}
         batch = self.context.to_batch(trajectories, [s.group_id for s in states], [s.tag for s in states])
-        return batch, rollout_metrics(states, trajectories, batch)
+        return Rollout(batch, rollout_metrics(states, trajectories, batch, self.split), records)
+
+    def _check_first_prompts(self, states: list[EnvState], trajectories: list[Trajectory]) -> None:
+        for state in states:
+            trajectory = trajectories[state.env_id]
+            if not self.context.fits(trajectory, self.sampling.max_new_tokens):
+                raise ValueError(
+                    f"the first prompt of env {state.tag!r} is {len(trajectory.input_ids)} tokens; with "
+                    f"actor_rollout_ref.rollout.response_length={self.sampling.max_new_tokens} it exceeds the "
+                    f"model's context of {self.context.max_model_len} tokens: lower response_length or shorten "
+                    "the environment's instructions")
 
 
-def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batch: DataProto) -> dict[str, float]:
-    """Per-env-tag outcome metrics (`train/<tag>/...`) and batch-wide ones (`rollout/...`)."""
+def trajectory_record(state: EnvState, step: int, split: str) -> dict:
+    return {"step": step, "split": split, "env_id": state.env_id, "group_id": state.group_id, "tag": state.tag,
+            "seed": state.seed, "turns": []}
+
+
+def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batch: DataProto,
+                    split: str) -> dict[str, float]:
+    """Batch-wide metrics (`rollout/...` in training, `val/...` in validation) and per env tag
+    (`train/<tag>/...`, `val-env/<tag>/...`, RAGEN's names), including pass@k over each group."""
+    batch_prefix, tag_prefix = ("rollout", "train") if split == "train" else ("val", "val-env")
     loss_mask = batch.batch["loss_mask"]
     rewards = batch.batch["token_rewards"].sum(-1).numpy()
     metrics = {
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std()),
-        "rollout/success_rate": float(np.mean([s.success for s in states])),
-        "rollout/response_length": float(loss_mask.sum(-1).mean()),  # generated tokens per trajectory
-        "rollout/sequence_length": float(batch.batch["attention_mask"].sum(-1).float().mean()),
-        "rollout/num_turns": float(np.mean([len(s.turns) for s in states])),
-        "rollout/format_ok_rate": float(np.mean([ok for t in trajectories for ok in t.format_ok])),
+        f"{batch_prefix}/reward_mean": float(rewards.mean()),
+        f"{batch_prefix}/reward_std": float(rewards.std()),
+        f"{batch_prefix}/success_rate": float(np.mean([s.success for s in states])),
+        f"{batch_prefix}/response_length": float(loss_mask.sum(-1).mean()),  # generated tokens per trajectory
+        f"{batch_prefix}/sequence_length": float(batch.batch["attention_mask"].sum(-1).float().mean()),
+        f"{batch_prefix}/num_turns": float(np.mean([len(s.turns) for s in states])),
+        f"{batch_prefix}/format_ok_rate": float(np.mean([ok for t in trajectories for ok in t.format_ok])),
+        f"{batch_prefix}/context_truncated_rate": float(np.mean([s.context_truncated for s in states])),
     }
     for tag in sorted({s.tag for s in states}):
         group = [(s, r) for s, r in zip(states, rewards) if s.tag == tag]
         actions = [ok for s, _ in group for turn in s.turns for ok in turn.valid]
         effective = [ok for s, _ in group for turn in s.turns for ok in turn.effective]
         metrics |= {
-            f"train/{tag}/success": float(np.mean([s.success for s, _ in group])),
-            f"train/{tag}/reward": float(np.mean([r for _, r in group])),
-            f"train/{tag}/num_actions": float(np.mean([s.actions_taken for s, _ in group])),
-            f"train/{tag}/valid_action_rate": float(np.mean(actions)) if actions else 0.0,
-            f"train/{tag}/effective_action_rate": float(np.mean(effective)) if effective else 0.0,
+            f"{tag_prefix}/{tag}/success": float(np.mean([s.success for s, _ in group])),
+            f"{tag_prefix}/{tag}/reward": float(np.mean([r for _, r in group])),
+            f"{tag_prefix}/{tag}/num_turns": float(np.mean([len(s.turns) for s, _ in group])),
+            f"{tag_prefix}/{tag}/num_actions": float(np.mean([s.actions_taken for s, _ in group])),
+            f"{tag_prefix}/{tag}/valid_action_rate": float(np.mean(actions)) if actions else 0.0,
+            f"{tag_prefix}/{tag}/effective_action_rate": float(np.mean(effective)) if effective else 0.0,
         }
+        metrics |= {f"{tag_prefix}/{tag}/{k}": v for k, v in pass_at_k([s for s, _ in group]).items()}
     return metrics
+
+
+def pass_at_k(states: list[EnvState]) -> dict[str, float]:
+    """pass@k per group of n trajectories from one start state, for k = 1 and k = n: the unbiased estimate
+    1 - C(n - c, k) / C(n, k) with c successes (Chen et al., 2021), averaged over the groups."""
+    groups: dict[int, list[bool]] = {}
+    for state in states:
+        groups.setdefault(state.group_id, []).append(state.success)
+    n = min(len(g) for g in groups.values())
+    result = {}
+    for k in sorted({1, n}):
+        estimates = []
+        for successes in groups.values():
+            failures = len(successes) - sum(successes)
+            # C(failures, k) / C(n, k) as a product, exact and free of overflow
+            miss = np.prod([(failures - i) / (len(successes) - i) for i in range(k)]) if failures >= k else 0.0
+            estimates.append(1.0 - miss)
+        result[f"pass@{k}"] = float(np.mean(estimates))
+    return result

@@ -21,7 +21,14 @@ from verl.trainer.config import ActorRolloutRefConfig, AlgorithmConfig, RayConfi
 @dataclass
 class EnvMixConfig:
     tags: list[str] = field(default_factory=lambda: ["SimpleSokoban"])  # keys of custom_envs
-    n_groups: list[int] = field(default_factory=lambda: [8])  # groups per tag; sums to env_groups
+    n_groups: list[int] = field(default_factory=lambda: [8])  # groups per tag, summing to env_groups; [] splits evenly
+
+    def groups_per_tag(self, env_groups: int) -> list[int]:
+        """`n_groups`, or an even split of `env_groups` over the tags (the first tags take the remainder)."""
+        if self.n_groups:
+            return list(self.n_groups)
+        share, extra = divmod(env_groups, len(self.tags))
+        return [share + (i < extra) for i in range(len(self.tags))]
 
 
 @dataclass
@@ -35,6 +42,8 @@ class EnvGroupsConfig:
 class EsManagerConfig:
     format_penalty: float = -0.1  # added to a turn's reward when the reply is malformed
     train: EnvGroupsConfig = field(default_factory=EnvGroupsConfig)
+    # validation: a fixed set of start states, the same at every validation; group_size > 1 gives pass@k
+    val: EnvGroupsConfig = field(default_factory=lambda: EnvGroupsConfig(env_groups=64, group_size=1))
 
 
 @dataclass
@@ -50,6 +59,8 @@ class AgentProxyConfig:
     max_actions_per_turn: int = 2  # actions parsed from one <answer>; extra ones are dropped
     action_sep: str = "||"  # separator between actions inside <answer>
     enable_think: bool = True  # ask for <think>...</think> before <answer> (and force the opening tag)
+    max_context_window: int = -1  # turns shown in a prompt, the current one included; -1 shows all
+    use_turn_scores: bool = False  # each turn's reward on its last generated token, else the sum on the last
 
 
 @dataclass
@@ -96,6 +107,13 @@ def validate(cfg: RagenConfig, world_size: int) -> None:
     check(rollout.name in ROLLOUT_ENGINES,
           f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
     check(rollout.temperature > 0, "actor_rollout_ref.rollout.temperature must be > 0")
+    check(rollout.val_kwargs.temperature >= 0, "actor_rollout_ref.rollout.val_kwargs.temperature must be >= 0 "
+          "(0 is greedy)")
+    check(0 < rollout.val_kwargs.top_p <= 1, "actor_rollout_ref.rollout.val_kwargs.top_p must be in (0, 1]")
+    check(rollout.max_model_len is None or rollout.max_model_len > rollout.response_length,
+          "actor_rollout_ref.rollout.max_model_len must exceed response_length")
+    check(cfg.agent_proxy.max_context_window == -1 or cfg.agent_proxy.max_context_window >= 1,
+          "agent_proxy.max_context_window must be -1 (every turn) or >= 1")
     check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must be in (0, 1]")
     check(rollout.response_length >= 1, "actor_rollout_ref.rollout.response_length must be >= 1")
     for name in ("clip_ratio_low", "clip_ratio_high"):
@@ -120,16 +138,19 @@ def validate(cfg: RagenConfig, world_size: int) -> None:
           f"actor_rollout_ref.actor.ppo_mini_batch_size per rank = {per_rank} is not divisible by "
           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = {actor.ppo_micro_batch_size_per_gpu}")
 
-    # Environments: the mix must name defined envs and add up to env_groups.
-    mix = train.env_configs
-    check(len(mix.tags) == len(mix.n_groups) and len(mix.tags) > 0,
-          "es_manager.train.env_configs.tags and n_groups must be non-empty lists of the same length")
-    check(sum(mix.n_groups) == train.env_groups,
-          f"es_manager.train.env_configs.n_groups sums to {sum(mix.n_groups)}, "
-          f"but es_manager.train.env_groups = {train.env_groups}")
-    for tag in mix.tags:
-        check(tag in cfg.custom_envs, f"es_manager.train.env_configs.tags: {tag!r} is not defined under custom_envs "
-                                      f"(defined: {sorted(cfg.custom_envs)})")
+    # Environments: each mix must name defined envs and add up to its env_groups.
+    for split, groups in (("train", train), ("val", cfg.es_manager.val)):
+        mix, key = groups.env_configs, f"es_manager.{split}"
+        check(groups.env_groups >= 1 and groups.group_size >= 1, f"{key}.env_groups and group_size must be >= 1")
+        check(len(mix.tags) > 0 and len(mix.n_groups) in (0, len(mix.tags)),
+              f"{key}.env_configs.tags must be non-empty and n_groups empty (an even split) or one per tag")
+        n_groups = mix.groups_per_tag(groups.env_groups)
+        check(sum(n_groups) == groups.env_groups and min(n_groups) >= 1,
+              f"{key}.env_configs.n_groups = {n_groups} must be >= 1 each and sum to {key}.env_groups = "
+              f"{groups.env_groups}")
+        for tag in mix.tags:
+            check(tag in cfg.custom_envs, f"{key}.env_configs.tags: {tag!r} is not defined under custom_envs "
+                                          f"(defined: {sorted(cfg.custom_envs)})")
     for tag, env in cfg.custom_envs.items():
         check(env.env_type in ENV_REGISTRY,
               f"custom_envs.{tag}.env_type={env.env_type!r}: registered types are {sorted(ENV_REGISTRY)}")

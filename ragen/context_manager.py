@@ -8,6 +8,15 @@ produced, and `loss_mask` is 1 on exactly the generated ids.
 The template pieces come from the tokenizer's own chat template, by rendering a probe conversation with
 and without the new message and taking the difference; this works for ChatML (SmolLM2, Qwen2.5) and
 header-style (Llama-3) templates alike.
+
+Two rules bound what a prompt holds:
+- `agent_proxy.max_context_window = k` shows the model the system message and only the last k turns
+  (the current state counts as one); the update still trains on the whole trajectory as one sequence,
+  so with a window the early replies are scored in a longer context than they were sampled in (RAGEN
+  does the same). -1 shows every turn.
+- A trajectory never outgrows the model: when the next state plus a reply of `response_length` tokens
+  would exceed `max_model_len`, the trajectory ends after the turn it has played (`context_truncated`);
+  no exception. Only a first prompt that cannot fit is an error (a config problem).
 """
 
 import re
@@ -50,6 +59,7 @@ class Trajectory:
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)  # 1 on model-generated tokens
     turn_ids: list[int] = field(default_factory=list)  # turn each token belongs to
+    turn_starts: list[int] = field(default_factory=list)  # index where each turn's user message begins
     turn_ends: list[int] = field(default_factory=list)  # index of each turn's last generated token
     turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
     format_ok: list[bool] = field(default_factory=list)
@@ -62,10 +72,10 @@ class Trajectory:
 
 class ContextManager:
     def __init__(self, tokenizer, config: AgentProxyConfig, instructions: dict[str, str],
-                 example_actions: dict[str, str], eos_ids: list[int]):
+                 example_actions: dict[str, str], eos_ids: list[int], max_model_len: int = 1 << 30):
         self.tokenizer, self.config = tokenizer, config
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
-        self.eos_ids = eos_ids
+        self.eos_ids, self.max_model_len = eos_ids, max_model_len
         self.think_open = "<think>" if config.enable_think else ""
         probe = self._render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                               {"role": "assistant", "content": _PROBE}], add_generation_prompt=False)
@@ -75,12 +85,28 @@ class ContextManager:
     # ---- prompts -------------------------------------------------------------------------------------
     def start(self, tag: str, obs: str, actions_left: int) -> Trajectory:
         """The first prompt: system prompt, task instructions, first state, and the reply opening."""
-        messages = [{"role": "system", "content": self._system_prompt(tag)},
-                    {"role": "user", "content": self._state_message(obs, 1, actions_left, reward=None)}]
-        text = self._render(messages, add_generation_prompt=True) + self.think_open
+        system = [{"role": "system", "content": self._system_prompt(tag)}]
+        user = {"role": "user", "content": self._state_message(obs, 1, actions_left, reward=None)}
+        system_text = self._render(system, add_generation_prompt=False)
+        text = self._render(system + [user], add_generation_prompt=True) + self.think_open
+        assert text.startswith(system_text), "chat template renders the system message differently with a user turn"
         trajectory = Trajectory()
-        trajectory.extend(self._encode(text), generated=False, turn=0)
+        trajectory.extend(self._encode(system_text), generated=False, turn=0)
+        trajectory.turn_starts.append(len(trajectory.input_ids))
+        trajectory.extend(self._encode(text[len(system_text):]), generated=False, turn=0)
         return trajectory
+
+    def prompt_ids(self, trajectory: Trajectory) -> list[int]:
+        """What the model sees for its next reply: the system message and the last `max_context_window` turns."""
+        window = self.config.max_context_window
+        if window < 0 or window >= len(trajectory.turn_starts):
+            return trajectory.input_ids
+        system_end, first_shown = trajectory.turn_starts[0], trajectory.turn_starts[-window]
+        return trajectory.input_ids[:system_end] + trajectory.input_ids[first_shown:]
+
+    def fits(self, trajectory: Trajectory, response_length: int) -> bool:
+        """Whether one more reply of `response_length` tokens keeps the trajectory within `max_model_len`."""
+        return len(trajectory.input_ids) + response_length <= self.max_model_len
 
     def add_response(self, trajectory: Trajectory, response_ids: list[int]) -> str:
         """Append the generated ids verbatim; return the reply text to parse (with the forced opening)."""
@@ -92,8 +118,13 @@ class ContextManager:
             reply = reply[: reply.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
         return reply
 
-    def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int) -> None:
-        """Close the assistant turn the way the template does, then add the next state as a user turn."""
+    def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int,
+                        response_length: int) -> bool:
+        """Close the assistant turn the way the template does, then add the next state as a user turn.
+
+        Returns False, adding nothing, when the next state and a reply of `response_length` tokens would
+        not fit in `max_model_len`: the trajectory ends with the turns it has.
+        """
         turn = len(trajectory.turn_ends)
         ended_with_eos = trajectory.input_ids[-1] in self.eos_ids
         eos_text = self.tokenizer.decode([trajectory.input_ids[-1]]) if ended_with_eos else ""
@@ -101,14 +132,21 @@ class ContextManager:
         if eos_text and close.startswith(eos_text):  # the model already wrote the template's end-of-turn token
             close = close[len(eos_text):]
         user = self._render_user_turn(self._state_message(obs, turn + 1, actions_left, reward))
-        trajectory.extend(self._encode(close + user + self.think_open), generated=False, turn=turn)
+        close_ids, user_ids = self._encode(close), self._encode(user + self.think_open)
+        if len(trajectory.input_ids) + len(close_ids) + len(user_ids) + response_length > self.max_model_len:
+            return False
+        trajectory.extend(close_ids, generated=False, turn=turn)
+        trajectory.turn_starts.append(len(trajectory.input_ids))
+        trajectory.extend(user_ids, generated=False, turn=turn)
+        return True
 
     def parse(self, reply: str) -> ParsedReply:
         return parse_reply(reply, self.config.enable_think, self.config.action_sep, self.config.max_actions_per_turn)
 
     # ---- batch ---------------------------------------------------------------------------------------
     def to_batch(self, trajectories: list[Trajectory], group_ids: list[int], tags: list[str]) -> DataProto:
-        """Right-padded tensors (B, T); the trajectory's summed reward sits on its last generated token."""
+        """Right-padded tensors (B, T) with each turn's reward on its last generated token
+        (`use_turn_scores`) or the trajectory's summed reward on its last generated token."""
         batch_size, width = len(trajectories), max(len(t.input_ids) for t in trajectories)
         input_ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
@@ -123,7 +161,10 @@ class ContextManager:
             position_ids[i, :n] = torch.arange(n)
             loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
             turn_ids[i, :n] = torch.tensor(t.turn_ids)
-            token_rewards[i, t.turn_ends[-1]] = sum(t.turn_rewards)
+            if self.config.use_turn_scores:
+                token_rewards[i, t.turn_ends] = torch.tensor(t.turn_rewards, dtype=torch.float32)
+            else:
+                token_rewards[i, t.turn_ends[-1]] = sum(t.turn_rewards)
         return DataProto(
             batch={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                    "loss_mask": loss_mask, "token_rewards": token_rewards, "turn_ids": turn_ids},
@@ -143,10 +184,14 @@ class ContextManager:
             fmt += f"\nYou may give up to {cfg.max_actions_per_turn} actions, separated by '{cfg.action_sep}'."
         return f"{SYSTEM_PROMPT}\n{self.instructions[tag]}\n{fmt}"
 
-    @staticmethod
-    def _state_message(obs: str, turn: int, actions_left: int, reward: float | None) -> str:
+    def _state_message(self, obs: str, turn: int, actions_left: int, reward: float | None) -> str:
+        cfg = self.config
         feedback = "" if reward is None else f"Reward: {reward:g}\n"
-        return f"{feedback}Turn {turn}. State:\n{obs}\nYou have {actions_left} actions left."
+        reply = "<think>...</think><answer>...</answer>" if cfg.enable_think else "<answer>...</answer>"
+        most = min(cfg.max_actions_per_turn, actions_left)
+        limit = f", up to {most} actions separated by '{cfg.action_sep}'" if most > 1 else ""
+        return (f"{feedback}Turn {turn}. State:\n{obs}\nYou have {actions_left} actions left. "
+                f"Reply as {reply}{limit}.")
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)

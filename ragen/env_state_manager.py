@@ -33,6 +33,7 @@ class EnvState:
     actions_taken: int = 0
     done: bool = False
     success: bool = False
+    context_truncated: bool = False  # ended because another turn would not fit the model's context
     turns: list[TurnRecord] = field(default_factory=list)
 
     @property
@@ -44,7 +45,8 @@ class EnvStateManager:
     def __init__(self, config: EnvGroupsConfig, custom_envs: dict[str, CustomEnvConfig], seed: int):
         self.config, self.seed = config, seed
         self.states: list[EnvState] = []
-        tags = [tag for tag, n in zip(config.env_configs.tags, config.env_configs.n_groups) for _ in range(n)]
+        mix = config.env_configs
+        tags = [tag for tag, n in zip(mix.tags, mix.groups_per_tag(config.env_groups)) for _ in range(n)]
         for group_id, tag in enumerate(tags):
             spec = custom_envs[tag]
             for _ in range(config.group_size):
@@ -62,6 +64,7 @@ class EnvStateManager:
             state.seed = self.seed + step * self.config.env_groups + state.group_id
             state.obs, _ = state.env.reset(seed=state.seed)
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
+            state.context_truncated = False
         return self.states
 
     def step(self, env_id: int, actions: list[str]) -> TurnRecord:

@@ -13,14 +13,17 @@ import torch
 from omegaconf import OmegaConf
 
 from ragen.agent_proxy import AgentProxy
-from ragen.config import ConfigError, RagenConfig, validate
-from ragen.context_manager import ContextManager
+from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
+from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
 from verl.trainer.ppo_trainer import PPOTrainer
-from verl.utils.model import eos_token_ids, load_tokenizer, resolve_model_path
+from verl.utils.model import eos_token_ids, load_tokenizer, max_context_length, resolve_model_path
 from verl.utils.tracking import Tracking
 from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.rollout import SamplingParams
+
+VAL_SEED_OFFSET = 1_000_000  # validation start states: seeds trainer.seed + VAL_SEED_OFFSET + group, never trained on
 
 
 def world_size(cfg: RagenConfig) -> int:
@@ -32,16 +35,8 @@ def run(cfg: RagenConfig) -> None:
     ranks = world_size(cfg)
     validate(cfg, ranks)
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir)
-    model = cfg.actor_rollout_ref.model
-    model.path = resolve_model_path(model.path)
-    tokenizer = load_tokenizer(model.path)
-
-    env_manager = EnvStateManager(cfg.es_manager.train, cfg.custom_envs, cfg.trainer.seed)
-    envs = env_manager.env_per_tag()
-    context = ContextManager(tokenizer, cfg.agent_proxy,
-                             instructions={tag: env.instructions for tag, env in envs.items()},
-                             example_actions={tag: env.example_action for tag, env in envs.items()},
-                             eos_ids=eos_token_ids(model.path, tokenizer))
+    cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     with worker_backend(cfg):
         if cfg.trainer.backend == "ray":
             actor_rollout_wg = RayWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref, world_size=ranks,
@@ -50,9 +45,29 @@ def run(cfg: RagenConfig) -> None:
         else:
             actor_rollout_wg = LocalWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref)
         actor_rollout_wg.init_model()
-        agent = AgentProxy(cfg.agent_proxy, cfg.actor_rollout_ref.rollout, cfg.es_manager.format_penalty,
-                           cfg.trainer.seed, actor_rollout_wg, env_manager, context)
-        PPOTrainer(cfg.trainer, cfg.algorithm, actor_rollout_wg, agent, tracker).fit()
+        agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
+        val_agent = make_agent(cfg, "val", actor_rollout_wg, tokenizer)
+        PPOTrainer(cfg.trainer, cfg.algorithm, actor_rollout_wg, agent, tracker, val_agent).fit()
+
+
+def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> AgentProxy:
+    """The rollout loop for training (`es_manager.train`, training sampling, new start states each step)
+    or validation (`es_manager.val`, `rollout.val_kwargs` sampling, the same start states every time)."""
+    rollout, model_path = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model.path
+    groups: EnvGroupsConfig = cfg.es_manager.train if split == "train" else cfg.es_manager.val
+    seed = cfg.trainer.seed + (0 if split == "train" else VAL_SEED_OFFSET)
+    env_manager = EnvStateManager(groups, cfg.custom_envs, seed)
+    envs = env_manager.env_per_tag()
+    context = ContextManager(tokenizer, cfg.agent_proxy,
+                             instructions={tag: env.instructions for tag, env in envs.items()},
+                             example_actions={tag: env.example_action for tag, env in envs.items()},
+                             eos_ids=eos_token_ids(model_path, tokenizer),
+                             max_model_len=rollout.max_model_len or max_context_length(model_path))
+    knobs = rollout if split == "train" else rollout.val_kwargs
+    sampling = SamplingParams(temperature=knobs.temperature, top_p=knobs.top_p, top_k=knobs.top_k,
+                              max_new_tokens=rollout.response_length, stop=[ANSWER_CLOSE])
+    return AgentProxy(cfg.agent_proxy, sampling, cfg.es_manager.format_penalty, seed, actor_rollout_wg,
+                      env_manager, context, split)
 
 
 @contextmanager
@@ -77,8 +92,12 @@ def main(cfg) -> None:
         sys.exit(f"config error: {e}")
 
 
-if __name__ == "__main__":
-    # Batch sizes follow the machine unless the user picked a scale: RAGEN's on a GPU, small on a CPU.
+def pick_scale() -> None:
+    """Batch sizes follow the machine unless the user picked a scale: RAGEN's on a GPU, small on a CPU."""
     if not any(arg.startswith(("scale=", "+scale=", "~scale")) for arg in sys.argv[1:]):
         sys.argv.append(f"scale={'gpu' if torch.cuda.is_available() else 'cpu'}")
+
+
+if __name__ == "__main__":
+    pick_scale()
     main()

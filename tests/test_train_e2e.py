@@ -39,8 +39,10 @@ def ray_processes() -> list[str]:
 
 def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     result = train("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=2")
-    metrics = read_metrics(tmp_path)
+    validation, *metrics = read_metrics(tmp_path)
+    assert validation["step"] == 0 and "val-env/Bandit/success" in validation  # the untrained baseline
     assert [m["step"] for m in metrics] == [1, 2]
+    assert "val-env/Bandit/pass@1" in metrics[1] and "val-env/Bandit/pass@1" not in metrics[0]  # test_freq 10: last
     for m in metrics:
         for key in ("rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "train/Bandit/success",
                     "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor"):
@@ -50,6 +52,13 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     changed = changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
     assert any("layers.0.self_attn.q_proj" in k for k in changed) and any("layers.1.mlp" in k for k in changed)
     assert ray_processes() == [], "the run left Ray processes behind"
+    rollouts = tmp_path / "rollouts"
+    assert sorted(p.relative_to(rollouts).as_posix() for p in rollouts.rglob("*.jsonl")) == [
+        "train/step_1.jsonl", "train/step_2.jsonl", "val/step_0.jsonl", "val/step_2.jsonl"]
+    train_records = [json.loads(line) for line in (rollouts / "train" / "step_1.jsonl").read_text().splitlines()]
+    assert len(train_records) == 8 and all(r["tag"] == "Bandit" and len(r["turns"]) == 1 for r in train_records)
+    val_records = (rollouts / "val" / "step_0.jsonl").read_text().splitlines()
+    assert len(val_records) == 8  # the CPU scale's validation set: 8 start states x 1
 
 
 def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
@@ -77,3 +86,19 @@ def test_a_mix_of_frozen_lake_and_countdown_in_one_batch(tiny_model_path, tmp_pa
     for tag in ("FrozenLake", "Countdown"):
         assert f"train/{tag}/success" in metrics and f"train/{tag}/valid_action_rate" in metrics
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
+
+
+def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_path):
+    command = ["python", "-m", "ragen.eval", "--config-name", "sokoban", f"model_path={tiny_model_path}",
+               f"hydra.run.dir={tmp_path}", "actor_rollout_ref.rollout.response_length=16", "agent_proxy.max_turn=2",
+               "es_manager.val.env_groups=2", "es_manager.val.group_size=2", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split()[:4] == ["env", "success", "pass@1", "pass@2"] and row.split()[0] == "SimpleSokoban"
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {r["group_id"] for r in records} == {0, 1}
+    assert all(1 <= len(r["turns"]) <= 2 for r in records)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["val-env/SimpleSokoban/num_turns"] == pytest.approx(sum(len(r["turns"]) for r in records) / 4)

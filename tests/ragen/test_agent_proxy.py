@@ -1,13 +1,14 @@
 """The multi-turn loop with a scripted policy in place of the rollout workers."""
 
+import pytest
 import torch
 
-from ragen.agent_proxy import AgentProxy
+from ragen.agent_proxy import AgentProxy, pass_at_k
 from ragen.config import AgentProxyConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
 from ragen.context_manager import ContextManager
 from ragen.env_state_manager import EnvStateManager
 from verl.protocol import DataProto
-from verl.trainer.config import RolloutConfig
+from verl.workers.rollout import SamplingParams
 
 
 class ScriptedPolicy:
@@ -22,21 +23,23 @@ class ScriptedPolicy:
         return DataProto(non_tensor_batch={"response_ids": [list(self.ids) for _ in range(len(prompts))]})
 
 
-def make_proxy(tokenizer, tag, env, reply, max_turn):
+def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, split="train", response_length=400):
     config = AgentProxyConfig(max_turn=max_turn, max_actions_per_turn=1)
     env_manager = EnvStateManager(EnvGroupsConfig(env_groups=2, group_size=2, env_configs=EnvMixConfig([tag], [2])),
                                   {tag: env}, seed=0)
     envs = env_manager.env_per_tag()
     context = ContextManager(tokenizer, config, {tag: envs[tag].instructions}, {tag: envs[tag].example_action},
-                             [tokenizer.eos_token_id])
+                             [tokenizer.eos_token_id], max_model_len=max_model_len)
     policy = ScriptedPolicy(tokenizer, reply)
-    return AgentProxy(config, RolloutConfig(), -0.1, 0, policy, env_manager, context), policy
+    sampling = SamplingParams(max_new_tokens=response_length)
+    return AgentProxy(config, sampling, -0.1, 0, policy, env_manager, context, split), policy
 
 
 def test_loop_stops_as_soon_as_every_env_is_done(tokenizer):
     proxy, policy = make_proxy(tokenizer, "Bandit", CustomEnvConfig(env_type="bandit", max_actions_per_traj=1),
                                "ok</think><answer>dragon</answer>", max_turn=3)
-    batch, metrics = proxy.rollout(step=1)
+    rollout = proxy.rollout(step=1)
+    batch, metrics = rollout.batch, rollout.metrics
     assert policy.calls == [4]  # one turn: every bandit is done after its pull
     assert metrics["train/Bandit/success"] == 1.0 and metrics["rollout/format_ok_rate"] == 1.0
     rewards = batch.batch["token_rewards"].sum(-1)
@@ -46,9 +49,70 @@ def test_loop_stops_as_soon_as_every_env_is_done(tokenizer):
 def test_malformed_replies_get_the_format_penalty_every_turn(tokenizer):
     proxy, policy = make_proxy(tokenizer, "Sokoban", CustomEnvConfig(env_type="sokoban", max_actions_per_traj=10),
                                "I refuse to use the format", max_turn=3)
-    batch, metrics = proxy.rollout(step=1)
+    rollout = proxy.rollout(step=1)
+    batch, metrics = rollout.batch, rollout.metrics
     assert policy.calls == [4, 4, 4]
     assert torch.allclose(batch.batch["token_rewards"].sum(-1), torch.full((4,), -0.3))
     assert metrics["rollout/num_turns"] == 3 and metrics["train/Sokoban/num_actions"] == 0
     # three generated replies per trajectory, each masked in, nothing else
     assert (batch.batch["loss_mask"].sum(-1) == 3 * len(policy.ids)).all()
+
+
+SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=10)
+
+
+def test_records_hold_every_turn_in_text(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=2)
+    rollout = proxy.rollout(step=3)
+    assert len(rollout.records) == 4
+    record = rollout.records[0]
+    assert {k: record[k] for k in ("step", "split", "env_id", "group_id", "tag")} == {
+        "step": 3, "split": "train", "env_id": 0, "group_id": 0, "tag": "Sokoban"}
+    first, second = record["turns"]
+    assert first["state"].count("P") + first["state"].count("S") == 1  # the Sokoban grid the model saw
+    assert first["response"] == "<think>hmm</think><answer>Up</answer>" and first["actions"] == ["Up"]
+    assert first["format_ok"] and first["action_valid"] == [True] and len(first["action_effective"]) == 1
+    assert first["reward"] == pytest.approx(-0.1) and not first["done"]
+    assert second["state"] != first["state"] or not first["action_effective"][0]
+    assert record["reward"] == pytest.approx(first["reward"] + second["reward"])
+    assert record["success"] is False and record["context_truncated"] is False
+
+
+def test_a_trajectory_that_would_outgrow_the_context_ends_without_error(tokenizer):
+    probe, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "x", max_turn=1)
+    first_prompt = len(probe.context.start("Sokoban", probe.env_manager.reset(0)[0].obs, 10).input_ids)
+    # room for the first prompt and one reply of 8 tokens, not for a second turn
+    proxy, policy = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=3,
+                               max_model_len=first_prompt + 60, response_length=8)
+    rollout = proxy.rollout(step=0)
+    assert policy.calls == [4]
+    assert rollout.metrics["rollout/context_truncated_rate"] == 1.0
+    assert all(r["context_truncated"] and len(r["turns"]) == 1 for r in rollout.records)
+    assert (rollout.batch.batch["attention_mask"].sum(-1) <= first_prompt + 60).all()
+
+
+def test_a_first_prompt_too_long_for_the_model_is_a_clear_error(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "x", max_turn=1, max_model_len=100, response_length=8)
+    with pytest.raises(ValueError, match="response_length"):
+        proxy.rollout(step=0)
+
+
+def test_validation_split_uses_val_metric_names_and_pass_at_k(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Bandit", CustomEnvConfig(env_type="bandit", max_actions_per_traj=1),
+                          "ok</think><answer>dragon</answer>", max_turn=1, split="val")
+    metrics = proxy.rollout(step=0).metrics
+    assert metrics["val-env/Bandit/success"] == 1.0 and metrics["val-env/Bandit/pass@2"] == 1.0
+    assert "val/success_rate" in metrics and not any(k.startswith(("train/", "rollout/")) for k in metrics)
+
+
+class Outcome:
+    def __init__(self, group_id, success):
+        self.group_id, self.success = group_id, success
+
+
+def test_pass_at_k_is_the_unbiased_estimate():
+    # group 0: 1 success of 4; group 1: 0 of 4; group 2: 4 of 4
+    states = [Outcome(0, s) for s in (True, False, False, False)] + [Outcome(1, False)] * 4 + [Outcome(2, True)] * 4
+    result = pass_at_k(states)
+    assert result["pass@1"] == pytest.approx((0.25 + 0 + 1) / 3)
+    assert result["pass@4"] == pytest.approx((1 + 0 + 1) / 3)

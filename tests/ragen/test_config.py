@@ -67,6 +67,8 @@ def test_a_mix_of_environments_per_batch():
     cfg = load("sokoban", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake,Countdown]",
                "es_manager.train.env_configs.n_groups=[4,2,2]")
     validate(cfg, world_size=1)
-    with pytest.raises(ConfigError, match="n_groups sums to 7"):
+    assert cfg.es_manager.val.env_configs.tags == ["SimpleSokoban", "FrozenLake", "Countdown"]
+    assert cfg.es_manager.val.env_configs.groups_per_tag(cfg.es_manager.val.env_groups) == [22, 21, 21]
+    with pytest.raises(ConfigError, match=r"n_groups = \[4, 3\] must be >= 1 each and sum to es_manager.train"):
         validate(load("sokoban", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake]",
                       "es_manager.train.env_configs.n_groups=[4,3]"), world_size=1)

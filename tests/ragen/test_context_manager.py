@@ -23,7 +23,7 @@ def test_two_turn_trajectory_is_token_exact(tokenizer, context, first_ends_with_
     prompt1 = list(trajectory.input_ids)
     reply1 = encode(tokenizer, " Go left.</think><answer>Left || Up</answer>") + ([eos] if first_ends_with_eos else [])
     text1 = context.add_response(trajectory, reply1)
-    context.add_observation(trajectory, "grid two", reward=-0.1, actions_left=8)
+    assert context.add_observation(trajectory, "grid two", reward=-0.1, actions_left=8, response_length=16)
     prompt2 = list(trajectory.input_ids)
     reply2 = encode(tokenizer, "Down now.</think><answer>Down</answer>")  # stopped at </answer>: no EOS
     text2 = context.add_response(trajectory, reply2)

@@ -34,14 +34,25 @@ class ActorConfig:
 
 
 @dataclass
+class ValKwargs:
+    """Sampling for validation and `python -m ragen.eval`; temperature 0 is greedy decoding."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+
+
+@dataclass
 class RolloutConfig:
-    name: str = "hf"  # rollout engine: hf (transformers generate)
+    name: str = "hf"  # rollout engine: hf (transformers generate) | vllm (optional extra)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     response_length: int = 400  # max new tokens per turn
+    max_model_len: int | None = None  # longest trajectory in tokens; None: the model's max_position_embeddings
     dtype: str = "bfloat16"  # weights of the rollout engine (never fp16 on CPU: no fast kernels)
     log_prob_micro_batch_size_per_gpu: int = 8  # trajectories per forward when scoring log-probs
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
 @dataclass
@@ -69,6 +80,10 @@ class TrainerConfig:
     seed: int = 42  # seeds environments and sampling
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    test_freq: int = 10  # validate every this many steps (and after the last); -1: never during training
+    val_before_train: bool = True  # validate the initial model first: the baseline of every val curve
+    # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved
+    rollout_data_dir: str | None = "${trainer.default_local_dir}/rollouts"
 
 
 @dataclass

@@ -125,6 +125,18 @@ def eos_token_ids(path: str, tokenizer) -> list[int]:
     return ids
 
 
+def max_context_length(path: str) -> int:
+    """The longest sequence the model was built for (its config's `max_position_embeddings`)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    length = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if length is None:
+        raise ValueError(f"{path}: the model config has no max_position_embeddings; set "
+                         "actor_rollout_ref.rollout.max_model_len")
+    return int(length)
+
+
 def load_causal_lm(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 
 CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "actor/pg_loss",
-                "actor/grad_norm", "timing_s/gen", "timing_s/update_actor", "timing_s/step"]
+                "actor/grad_norm", "val/reward_mean", "val/success_rate", "timing_s/gen", "timing_s/update_actor",
+                "timing_s/val", "timing_s/step"]
 
 
 class Tracking:
@@ -26,11 +27,27 @@ class Tracking:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if "console" in self.loggers:
-            shown = [f"{k.split('/', 1)[1]}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics]
+            shown = [f"{_label(k)}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics]
             print(f"step {step}: " + " ".join(shown), flush=True)
         if "jsonl" in self.loggers:
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """Rows as JSON lines, written whole: a staging file renamed into place, so no reader sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".tmp")
+    with staging.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    staging.replace(path)
+
+
+def _label(key: str) -> str:
+    namespace, name = key.split("/", 1)
+    return f"val_{name}" if namespace == "val" else name
 
 
 def _fmt(value: float) -> str:
