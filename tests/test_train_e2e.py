@@ -64,7 +64,8 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
 def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=2")
-    (metrics,) = read_metrics(tmp_path)
+    validation, metrics = read_metrics(tmp_path)
+    assert validation["step"] == 0 and validation["val/num_turns"] == 2  # greedy validation of the untrained model
     assert metrics["rollout/num_turns"] == 2  # a random model never solves it, so both turns run
     assert metrics["train/SimpleSokoban/success"] == 0.0
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
@@ -81,7 +82,7 @@ def test_bad_config_fails_before_loading_a_model(tmp_path):
 def test_a_mix_of_frozen_lake_and_countdown_in_one_batch(tiny_model_path, tmp_path):
     train("frozen_lake", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=2", "es_manager.train.env_configs.tags=[FrozenLake,Countdown]",
-          "es_manager.train.env_configs.n_groups=[1,1]")
+          "es_manager.train.env_configs.n_groups=[1,1]", "trainer.val_before_train=false", "trainer.test_freq=-1")
     (metrics,) = read_metrics(tmp_path)
     for tag in ("FrozenLake", "Countdown"):
         assert f"train/{tag}/success" in metrics and f"train/{tag}/valid_action_rate" in metrics
