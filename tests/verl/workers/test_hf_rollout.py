@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -41,3 +43,90 @@ def test_sync_weights_changes_what_is_generated(engine, tokenizer):
     assert torch.equal(engine.model.model.layers[0].mlp.up_proj.weight,
                        state["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16))
     assert engine.generate(prompts(tokenizer), sampling) != before
+
+
+# ---- prefix reuse ------------------------------------------------------------------------------------
+FIRST_PROMPTS = ["hello there, how are you", "a", "The quick brown fox jumps over", "Sokoban grid ### #_# ###"]
+
+
+def play(engine, tokenizer, sampling, turns=3):
+    """A multi-turn rollout as the agent drives it: each prompt grows by the returned response and an
+    observation of a different length per row; one episode ends per turn, the row order flips every turn,
+    and in the last turn a new episode joins and one row keeps only half its response (a partial prefix).
+
+    Returns the responses per turn, the last-position logits of every forward pass, and the prompt
+    tokens the engine took from its cache per turn.
+    """
+    logits = []
+    hook = engine.model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out[:, -1].float().clone()))
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    prompts = {i: encode(text) for i, text in enumerate(FIRST_PROMPTS)}
+    responses, reused = [], []
+    for turn in range(turns):
+        order = sorted(prompts, reverse=turn % 2 == 1)
+        out = engine.generate([prompts[i] for i in order], replace(sampling, seed=turn))
+        responses.append(out)
+        reused.append(engine.last_reused_tokens)
+        prompts = {i: prompts[i] + r + encode(f"\nobservation {turn}:" + " #" * i) for i, r in zip(order, out)
+                   if i != turn}
+        if turn == turns - 2:
+            prompts[len(FIRST_PROMPTS)] = encode("a brand new episode")
+            row = min(prompts)
+            prompts[row] = prompts[row][: len(prompts[row]) - len(out[order.index(row)]) // 2 - 3]
+    hook.remove()
+    return responses, logits, reused
+
+
+@pytest.mark.parametrize("model", ["tiny", "bundled"])
+def test_prefix_reuse_gives_the_same_tokens_and_logits(model, tiny_model_path, bundled_model_path, tokenizer):
+    path = tiny_model_path if model == "tiny" else bundled_model_path
+    # tiny: seeded sampling (greedy only repeats the last token of a random model); bundled: greedy
+    sampling = (SamplingParams(max_new_tokens=12, stop=["k"]) if model == "tiny"
+                else SamplingParams(temperature=0, max_new_tokens=16, stop=["."]))
+    engines = {reuse: HFRollout(path, tokenizer, "float32", torch.device("cpu"), prefix_cache=reuse)
+               for reuse in (True, False)}
+    reused_run, fresh_run = (play(engines[reuse], tokenizer, sampling) for reuse in (True, False))
+    (responses, logits, reused), (fresh_responses, fresh_logits, fresh_reused) = reused_run, fresh_run
+
+    assert responses == fresh_responses
+    lengths = [len(r) for turn in responses for r in turn]
+    assert min(lengths) < sampling.max_new_tokens and max(lengths) == sampling.max_new_tokens  # cut and uncut rows
+    assert reused[0] == 0 and all(n > 0 for n in reused[1:]) and fresh_reused == [0, 0, 0]
+    assert len(logits) == len(fresh_logits)
+    for step, fresh in zip(logits, fresh_logits):
+        torch.testing.assert_close(step, fresh, atol=2e-4, rtol=1e-4)
+
+
+def test_prefix_cache_is_dropped_by_sync_weights_and_over_its_memory_bound(tiny_model_path, tokenizer):
+    sampling = SamplingParams(max_new_tokens=8, seed=0)
+    first = prompts(tokenizer)
+    engine = HFRollout(tiny_model_path, tokenizer, "float32", torch.device("cpu"))
+    second = [p + r + [7, 8, 9] for p, r in zip(first, engine.generate(first, sampling))]
+    state = {k: torch.randn_like(v) for k, v in engine.model.state_dict().items()}
+    engine.sync_weights(state)
+    after_sync = engine.generate(second, sampling)
+    assert engine.last_reused_tokens == 0
+
+    fresh = HFRollout(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache=False)
+    fresh.sync_weights(state)
+    assert after_sync == fresh.generate(second, sampling)
+
+    tight = HFRollout(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache_max_bytes=0)
+    tight.generate(second, sampling)
+    tight.generate([p + [5] for p in second], sampling)
+    assert tight.last_reused_tokens == 0
+
+
+def test_prefix_reuse_keeps_the_batch_no_wider_than_its_longest_prompt(tiny_model_path, tokenizer):
+    sampling = SamplingParams(max_new_tokens=8, ignore_eos=True, seed=0)
+    engines = [HFRollout(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache=reuse)
+               for reuse in (True, False)]
+    long, short = list(range(1000, 1040)), [5, 6, 7]
+    outputs = []
+    for engine in engines:
+        response_long, response_short = engine.generate([long, short], sampling)
+        # 40 + 8 + 2 = 50 tokens with 47 cached (the last sampled token has no K/V), and 3 + 8 + 30 = 41 with 10
+        outputs.append(engine.generate([long + response_long + [9, 9], short + response_short + [8] * 30], sampling))
+    assert outputs[0] == outputs[1]
+    # 31 new columns for the short row leave 50 - 31 = 19 cached ones: the long row reuses 19, the short one 10
+    assert engines[0].last_reused_tokens == 19 + 10

@@ -1,7 +1,8 @@
 from verl.workers.rollout.base import RolloutEngine, SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
+from verl.workers.rollout.vllm_rollout import VLLMRollout  # imports vllm only when an engine is built
 
 # actor_rollout_ref.rollout.name -> engine class
-ROLLOUT_ENGINES: dict[str, type] = {"hf": HFRollout}
+ROLLOUT_ENGINES: dict[str, type] = {"hf": HFRollout, "vllm": VLLMRollout}
 
-__all__ = ["ROLLOUT_ENGINES", "HFRollout", "RolloutEngine", "SamplingParams"]
+__all__ = ["ROLLOUT_ENGINES", "HFRollout", "RolloutEngine", "SamplingParams", "VLLMRollout"]

