@@ -117,7 +117,7 @@ class HFRollout:
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else (sampling.top_k or None),
+            top_k=None if greedy else sampling.top_k,  # 0 disables top-k (None would apply the model default, 50)
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=sampling.max_new_tokens if sampling.ignore_eos else None,
             eos_token_id=self.eos_ids,
