@@ -104,9 +104,9 @@ class ContextManager:
         system_end, first_shown = trajectory.turn_starts[0], trajectory.turn_starts[-window]
         return trajectory.input_ids[:system_end] + trajectory.input_ids[first_shown:]
 
-    def fits(self, trajectory: Trajectory, response_length: int) -> bool:
-        """Whether one more reply of `response_length` tokens keeps the trajectory within `max_model_len`."""
-        return len(trajectory.input_ids) + response_length <= self.max_model_len
+    def fits(self, trajectory: Trajectory, response_length: int, added: int = 0) -> bool:
+        """Whether `added` more prompt tokens and a reply of `response_length` keep it within `max_model_len`."""
+        return len(trajectory.input_ids) + added + response_length <= self.max_model_len
 
     def add_response(self, trajectory: Trajectory, response_ids: list[int]) -> str:
         """Append the generated ids verbatim; return the reply text to parse (with the forced opening)."""
@@ -133,7 +133,7 @@ class ContextManager:
             close = close[len(eos_text):]
         user = self._render_user_turn(self._state_message(obs, turn + 1, actions_left, reward))
         close_ids, user_ids = self._encode(close), self._encode(user + self.think_open)
-        if len(trajectory.input_ids) + len(close_ids) + len(user_ids) + response_length > self.max_model_len:
+        if not self.fits(trajectory, response_length, added=len(close_ids) + len(user_ids)):
             return False
         trajectory.extend(close_ids, generated=False, turn=turn)
         trajectory.turn_starts.append(len(trajectory.input_ids))

@@ -13,7 +13,9 @@ import gymnasium
 import numpy as np
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
-INFO_KEYS = ("action_is_valid", "action_is_effective", "success")
+from ragen.envs.utils import step_info
+
+INFO_KEYS = tuple(step_info(valid=False, effective=False, success=False))  # the keys every step's info carries
 INVALID_ACTIONS = (
     "",
     "   ",
