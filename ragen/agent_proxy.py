@@ -51,6 +51,7 @@ class AgentProxy:
                 record = self.env_manager.step(state.env_id, parsed.actions)
                 reward = record.reward + (0.0 if parsed.format_ok else self.format_penalty)
                 trajectory.turn_rewards.append(reward)
+                trajectory.turn_states.append(shown)
                 trajectory.format_ok.append(parsed.format_ok)
                 records[state.env_id]["turns"].append({
                     "state": shown, "response": reply, "format_ok": parsed.format_ok, "actions": record.actions,

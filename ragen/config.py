@@ -5,6 +5,7 @@ and each environment's YAML builds on `base`. Hydra rejects unknown keys and wro
 `validate()` rejects impossible values, each with a message that names the key, before any model loads.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from ragen.envs import ENV_REGISTRY, check_env_config
-from verl.trainer.config import ActorRolloutRefConfig, AlgorithmConfig, RayConfig, TrainerConfig
+from verl.trainer.config import ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, RayConfig, TrainerConfig
 
 
 @dataclass
@@ -54,6 +55,14 @@ class CustomEnvConfig:
 
 
 @dataclass
+class RewardNormalizationConfig:
+    """RAGEN's reward normalisation of each trajectory's total reward, before the advantage estimator."""
+
+    grouping: str = "state"  # state: per start-state group | batch: the whole batch | inductive: per env tag
+    method: str = "identity"  # identity (ARPO) | mean | mean_std | asym_clip (mean_std clipped to [-1, 3])
+
+
+@dataclass
 class AgentProxyConfig:
     max_turn: int = 5  # LLM turns per trajectory
     max_actions_per_turn: int = 2  # actions parsed from one <answer>; extra ones are dropped
@@ -61,12 +70,14 @@ class AgentProxyConfig:
     enable_think: bool = True  # ask for <think>...</think> before <answer> (and force the opening tag)
     max_context_window: int = -1  # turns shown in a prompt, the current one included; -1 shows all
     use_turn_scores: bool = False  # each turn's reward on its last generated token, else the sum on the last
+    reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
 
 
 @dataclass
 class RagenConfig:
     model_path: str = "bundled:SmolLM2-135M-Instruct"  # bundled model, local HF folder, or hub id
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -91,70 +102,140 @@ class ConfigError(ValueError):
 
 def validate(cfg: RagenConfig, world_size: int) -> None:
     """Reject impossible values at start-up, before any model or worker is created."""
-    from verl.trainer.core_algos import ADV_ESTIMATORS  # torch import; keep `ragen.config` light
-    from verl.workers.rollout import ROLLOUT_ENGINES
+    _validate_run(cfg, world_size)
+    _validate_algorithm(cfg)
+    _validate_batch_sizes(cfg, world_size)
+    _validate_envs(cfg)
 
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
 
-    actor, rollout, train = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.es_manager.train
-    check(cfg.trainer.backend in ("ray", "local"), f"trainer.backend={cfg.trainer.backend!r}: use 'ray' or 'local'")
-    check(cfg.trainer.total_training_steps >= 1, "trainer.total_training_steps must be >= 1")
-    check(world_size == 1 or cfg.trainer.backend == "ray", "trainer.backend=local runs one rank: set the ranks to 1")
-    check(cfg.algorithm.adv_estimator in ADV_ESTIMATORS,
-          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: choose one of {sorted(ADV_ESTIMATORS)}")
-    check(rollout.name in ROLLOUT_ENGINES,
-          f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
-    check(rollout.temperature > 0, "actor_rollout_ref.rollout.temperature must be > 0")
-    check(rollout.val_kwargs.temperature >= 0, "actor_rollout_ref.rollout.val_kwargs.temperature must be >= 0 "
-          "(0 is greedy)")
-    check(0 < rollout.val_kwargs.top_p <= 1, "actor_rollout_ref.rollout.val_kwargs.top_p must be in (0, 1]")
-    check(rollout.max_model_len is None or rollout.max_model_len > rollout.response_length,
-          "actor_rollout_ref.rollout.max_model_len must exceed response_length")
-    check(cfg.agent_proxy.max_context_window == -1 or cfg.agent_proxy.max_context_window >= 1,
-          "agent_proxy.max_context_window must be -1 (every turn) or >= 1")
-    check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must be in (0, 1]")
-    check(rollout.response_length >= 1, "actor_rollout_ref.rollout.response_length must be >= 1")
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _validate_run(cfg: RagenConfig, world_size: int) -> None:
+    from verl.workers.rollout import ROLLOUT_ENGINES  # torch import; keep `ragen.config` light
+
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    _check(cfg.trainer.backend in ("ray", "local"), f"trainer.backend={cfg.trainer.backend!r}: use 'ray' or 'local'")
+    _check(cfg.trainer.total_training_steps >= 1, "trainer.total_training_steps must be >= 1")
+    _check(world_size == 1 or cfg.trainer.backend == "ray", "trainer.backend=local runs one rank: set the ranks to 1")
+    _check(rollout.name in ROLLOUT_ENGINES,
+           f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
+    _check(rollout.temperature > 0, "actor_rollout_ref.rollout.temperature must be > 0")
+    _check(rollout.val_kwargs.temperature >= 0, "actor_rollout_ref.rollout.val_kwargs.temperature must be >= 0 "
+           "(0 is greedy)")
+    _check(0 < rollout.val_kwargs.top_p <= 1, "actor_rollout_ref.rollout.val_kwargs.top_p must be in (0, 1]")
+    _check(rollout.max_model_len is None or rollout.max_model_len > rollout.response_length,
+           "actor_rollout_ref.rollout.max_model_len must exceed response_length")
+    _check(cfg.agent_proxy.max_context_window == -1 or cfg.agent_proxy.max_context_window >= 1,
+           "agent_proxy.max_context_window must be -1 (every turn) or >= 1")
+    _check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must be in (0, 1]")
+    _check(rollout.response_length >= 1, "actor_rollout_ref.rollout.response_length must be >= 1")
+    _check(cfg.agent_proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
+    _check(cfg.agent_proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
+    _check(bool(cfg.agent_proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
+    _check(actor.optim.lr > 0 and cfg.critic.optim.lr > 0, "actor_rollout_ref.actor.optim.lr and critic.optim.lr "
+           "must be > 0")
+
+
+def _validate_algorithm(cfg: RagenConfig) -> None:
+    from verl.trainer import core_algos as algos
+
+    algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    norm, group_size = cfg.agent_proxy.reward_normalization, cfg.es_manager.train.group_size
+
+    def one_of(key: str, value: str, choices) -> None:
+        _check(value in choices, f"{key}={value!r}: choose one of {sorted(choices)}")
+
+    one_of("algorithm.adv_estimator", algo.adv_estimator, algos.ADV_ESTIMATORS)
+    one_of("algorithm.adv_mask", algo.adv_mask, algos.ADV_MASKS)
+    one_of("algorithm.kl_penalty", algo.kl_penalty, algos.KL_PENALTIES)
+    one_of("algorithm.kl_ctrl.type", algo.kl_ctrl.type, algos.KL_CONTROLLERS)
+    one_of("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, algos.KL_PENALTIES)
+    one_of("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, algos.LOSS_AGG_MODES)
+    one_of("agent_proxy.reward_normalization.grouping", norm.grouping, ("state", "batch", "inductive"))
+    one_of("agent_proxy.reward_normalization.method", norm.method, algos.REWARD_NORMALIZERS)
+    one_of("actor_rollout_ref.rollout.rollout_filter_type", rollout.rollout_filter_type, ("std", "std_rev"))
+    one_of("actor_rollout_ref.rollout.rollout_filter_strategy", rollout.rollout_filter_strategy, ("top_k", "top_p"))
+    estimator = algos.ADV_ESTIMATORS[algo.adv_estimator]
+    for name in ("gamma", "lam", "high_level_gamma"):
+        _check(0 <= getattr(algo, name) <= 1, f"algorithm.{name} must be in [0, 1]")
     for name in ("clip_ratio_low", "clip_ratio_high"):
-        check(0 < getattr(actor, name) < 1, f"actor_rollout_ref.actor.{name} must be in (0, 1)")
-    check(cfg.agent_proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
-    check(cfg.agent_proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
-    check(bool(cfg.agent_proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
+        _check(0 < getattr(actor, name) < 1, f"actor_rollout_ref.actor.{name} must be in (0, 1)")
+    _check(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c (dual clip) must be > 1")
+    _check(actor.kl_loss_coef >= 0 and algo.kl_ctrl.kl_coef >= 0, "KL coefficients must be >= 0")
+    _check(algo.kl_ctrl.target_kl > 0 and algo.kl_ctrl.horizon > 0,
+           "algorithm.kl_ctrl.target_kl and horizon must be > 0")
+    _check(cfg.critic.cliprange_value > 0, "critic.cliprange_value must be > 0")
+    _check(not algo.use_kl_in_reward or estimator.token_level,
+           f"algorithm.use_kl_in_reward puts a KL penalty on every token, which algorithm.adv_estimator="
+           f"{algo.adv_estimator} does not read: use actor_rollout_ref.actor.use_kl_loss=true instead, or a "
+           f"token-level estimator ({sorted(k for k, v in algos.ADV_ESTIMATORS.items() if v.token_level)})")
+    _check(not estimator.group_relative or group_size >= 2,
+           f"algorithm.adv_estimator={algo.adv_estimator} compares trajectories within a group: "
+           "es_manager.train.group_size must be >= 2")
+    _check(cfg.trainer.critic_warmup == 0 or estimator.uses_critic,
+           f"trainer.critic_warmup needs a critic, and algorithm.adv_estimator={algo.adv_estimator} has none")
+    _check(not cfg.agent_proxy.use_turn_scores or norm.method == "identity",
+           "agent_proxy.reward_normalization acts on trajectory totals: with agent_proxy.use_turn_scores=true "
+           "set agent_proxy.reward_normalization.method=identity")
+    _check(norm.grouping != "state" or norm.method == "identity" or group_size >= 2,
+           "agent_proxy.reward_normalization.grouping=state with es_manager.train.group_size=1 normalises every "
+           "reward to 0: use grouping=batch or a group_size >= 2")
+    _check(0 < rollout.rollout_filter_ratio <= 1, "actor_rollout_ref.rollout.rollout_filter_ratio must be in (0, 1]")
+    _check(rollout.rollout_filter_ratio == 1 or group_size >= 2,
+           "the variance filter ranks groups by their reward std, which needs es_manager.train.group_size >= 2: "
+           "set actor_rollout_ref.rollout.rollout_filter_ratio=1 to turn it off")
 
-    # Batch sizes: the rollout batch splits into ranks, then mini-batches, then micro-batches.
-    batch_size = train.env_groups * train.group_size
-    check(train.env_groups >= 1 and train.group_size >= 1, "es_manager.train.env_groups and group_size must be >= 1")
-    check(cfg.algorithm.adv_estimator != "grpo" or train.group_size >= 2,
-          "algorithm.adv_estimator=grpo compares trajectories within a group: es_manager.train.group_size must be >= 2")
-    check(batch_size % actor.ppo_mini_batch_size == 0,
-          f"es_manager.train.env_groups * group_size = {batch_size} is not divisible by "
-          f"actor_rollout_ref.actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size}")
-    check(actor.ppo_mini_batch_size % world_size == 0,
-          f"actor_rollout_ref.actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size} is not divisible by "
-          f"the number of ranks ({world_size})")
-    per_rank = actor.ppo_mini_batch_size // world_size
-    check(per_rank % actor.ppo_micro_batch_size_per_gpu == 0,
-          f"actor_rollout_ref.actor.ppo_mini_batch_size per rank = {per_rank} is not divisible by "
-          f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = {actor.ppo_micro_batch_size_per_gpu}")
 
-    # Environments: each mix must name defined envs and add up to its env_groups.
-    for split, groups in (("train", train), ("val", cfg.es_manager.val)):
+def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
+    """The rollout batch is filtered, then split into ranks, mini-batches and micro-batches."""
+    from verl.trainer.core_algos import ADV_ESTIMATORS
+
+    train, rollout = cfg.es_manager.train, cfg.actor_rollout_ref.rollout
+    _check(train.env_groups >= 1 and train.group_size >= 1, "es_manager.train.env_groups and group_size must be >= 1")
+    trainers = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
+    if ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic:
+        trainers.append(("critic", cfg.critic))
+    kept_groups = math.ceil(rollout.rollout_filter_ratio * train.env_groups - 1e-9)
+    for key, trainer in trainers:
+        mini, micro = trainer.ppo_mini_batch_size, trainer.ppo_micro_batch_size_per_gpu
+        _check(mini >= 1 and micro >= 1 and trainer.ppo_epochs >= 1,
+               f"{key}.ppo_mini_batch_size, ppo_micro_batch_size_per_gpu and ppo_epochs must be >= 1")
+        _check(mini % world_size == 0,
+               f"{key}.ppo_mini_batch_size = {mini} is not divisible by the number of ranks ({world_size})")
+        _check((mini // world_size) % micro == 0, f"{key}.ppo_mini_batch_size per rank = {mini // world_size} is "
+               f"not divisible by {key}.ppo_micro_batch_size_per_gpu = {micro}")
+        batch_size = train.env_groups * train.group_size
+        _check(batch_size % mini == 0, f"es_manager.train.env_groups * group_size = {batch_size} is not divisible "
+               f"by {key}.ppo_mini_batch_size = {mini}")
+        if rollout.rollout_filter_strategy == "top_k":  # top_p's count varies: it is rounded up to mini-batches
+            kept = kept_groups * train.group_size
+            _check(kept % mini == 0, f"the variance filter keeps ceil(actor_rollout_ref.rollout.rollout_filter_ratio"
+                   f" * es_manager.train.env_groups) = {kept_groups} groups = {kept} trajectories, which must be a "
+                   f"non-zero multiple of {key}.ppo_mini_batch_size = {mini}: change one of them "
+                   "(rollout_filter_ratio=1 turns the filter off)")
+
+
+def _validate_envs(cfg: RagenConfig) -> None:
+    """Each mix must name defined envs and add up to its env_groups."""
+    for split, groups in (("train", cfg.es_manager.train), ("val", cfg.es_manager.val)):
         mix, key = groups.env_configs, f"es_manager.{split}"
-        check(groups.env_groups >= 1 and groups.group_size >= 1, f"{key}.env_groups and group_size must be >= 1")
-        check(len(mix.tags) > 0 and len(mix.n_groups) in (0, len(mix.tags)),
-              f"{key}.env_configs.tags must be non-empty and n_groups empty (an even split) or one per tag")
+        _check(groups.env_groups >= 1 and groups.group_size >= 1, f"{key}.env_groups and group_size must be >= 1")
+        _check(len(mix.tags) > 0 and len(mix.n_groups) in (0, len(mix.tags)),
+               f"{key}.env_configs.tags must be non-empty and n_groups empty (an even split) or one per tag")
         n_groups = mix.groups_per_tag(groups.env_groups)
-        check(sum(n_groups) == groups.env_groups and min(n_groups) >= 1,
-              f"{key}.env_configs.n_groups = {n_groups} must be >= 1 each and sum to {key}.env_groups = "
-              f"{groups.env_groups}")
+        _check(sum(n_groups) == groups.env_groups and min(n_groups) >= 1,
+               f"{key}.env_configs.n_groups = {n_groups} must be >= 1 each and sum to {key}.env_groups = "
+               f"{groups.env_groups}")
         for tag in mix.tags:
-            check(tag in cfg.custom_envs, f"{key}.env_configs.tags: {tag!r} is not defined under custom_envs "
-                                          f"(defined: {sorted(cfg.custom_envs)})")
+            _check(tag in cfg.custom_envs, f"{key}.env_configs.tags: {tag!r} is not defined under custom_envs "
+                                           f"(defined: {sorted(cfg.custom_envs)})")
     for tag, env in cfg.custom_envs.items():
-        check(env.env_type in ENV_REGISTRY,
-              f"custom_envs.{tag}.env_type={env.env_type!r}: registered types are {sorted(ENV_REGISTRY)}")
-        check(env.max_actions_per_traj >= 1, f"custom_envs.{tag}.max_actions_per_traj must be >= 1")
+        _check(env.env_type in ENV_REGISTRY,
+               f"custom_envs.{tag}.env_type={env.env_type!r}: registered types are {sorted(ENV_REGISTRY)}")
+        _check(env.max_actions_per_traj >= 1, f"custom_envs.{tag}.max_actions_per_traj must be >= 1")
         try:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:

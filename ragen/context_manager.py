@@ -27,6 +27,7 @@ import torch
 
 from ragen.config import AgentProxyConfig
 from verl.protocol import DataProto
+from verl.trainer.core_algos import normalize_scores
 
 SYSTEM_PROMPT = "You are a helpful assistant that solves tasks step by step."
 ANSWER_CLOSE = "</answer>"  # the rollout's stop string
@@ -62,6 +63,7 @@ class Trajectory:
     turn_starts: list[int] = field(default_factory=list)  # index where each turn's user message begins
     turn_ends: list[int] = field(default_factory=list)  # index of each turn's last generated token
     turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
+    turn_states: list[str] = field(default_factory=list)  # the state each turn answered
     format_ok: list[bool] = field(default_factory=list)
 
     def extend(self, ids: list[int], generated: bool, turn: int) -> None:
@@ -145,8 +147,10 @@ class ContextManager:
 
     # ---- batch ---------------------------------------------------------------------------------------
     def to_batch(self, trajectories: list[Trajectory], group_ids: list[int], tags: list[str]) -> DataProto:
-        """Right-padded tensors (B, T) with each turn's reward on its last generated token
-        (`use_turn_scores`) or the trajectory's summed reward on its last generated token."""
+        """Right-padded tensors (B, T). Rewards: each turn's reward on its last generated token
+        (`use_turn_scores`), or the trajectory's summed reward, normalised by `reward_normalization`, on its
+        last generated token. `trajectory_rewards` keeps the raw sums (for the filter and the metrics);
+        `state_ids` gives every token of a turn the id of the state that turn answered (same text, same id)."""
         batch_size, width = len(trajectories), max(len(t.input_ids) for t in trajectories)
         input_ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
@@ -154,6 +158,12 @@ class ContextManager:
         loss_mask = torch.zeros((batch_size, width), dtype=torch.float32)
         token_rewards = torch.zeros((batch_size, width), dtype=torch.float32)
         turn_ids = torch.full((batch_size, width), -1, dtype=torch.long)
+        state_ids = torch.full((batch_size, width), -1, dtype=torch.long)
+        scores = torch.tensor([sum(t.turn_rewards) for t in trajectories], dtype=torch.float32)
+        norm = self.config.reward_normalization
+        keys = {"state": group_ids, "batch": [0] * batch_size, "inductive": tags}[norm.grouping]
+        normalized = normalize_scores(scores, np.asarray(keys), norm.method)
+        state_index: dict[str, int] = {}
         for i, t in enumerate(trajectories):
             n = len(t.input_ids)
             input_ids[i, :n] = torch.tensor(t.input_ids)
@@ -161,13 +171,16 @@ class ContextManager:
             position_ids[i, :n] = torch.arange(n)
             loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
             turn_ids[i, :n] = torch.tensor(t.turn_ids)
+            turn_states = torch.tensor([state_index.setdefault(obs, len(state_index)) for obs in t.turn_states])
+            state_ids[i, :n] = turn_states[torch.tensor(t.turn_ids).clamp(max=len(turn_states) - 1)]
             if self.config.use_turn_scores:
                 token_rewards[i, t.turn_ends] = torch.tensor(t.turn_rewards, dtype=torch.float32)
             else:
-                token_rewards[i, t.turn_ends[-1]] = sum(t.turn_rewards)
+                token_rewards[i, t.turn_ends[-1]] = normalized[i]
         return DataProto(
             batch={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                   "loss_mask": loss_mask, "token_rewards": token_rewards, "turn_ids": turn_ids},
+                   "loss_mask": loss_mask, "token_rewards": token_rewards, "trajectory_rewards": scores,
+                   "turn_ids": turn_ids, "state_ids": state_ids},
             non_tensor_batch={"group_ids": np.array(group_ids), "tags": tags},
         )
 

@@ -9,6 +9,7 @@ import sys
 from contextlib import contextmanager
 
 import hydra
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -17,12 +18,15 @@ from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
 from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
+from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.utils.model import eos_token_ids, load_tokenizer, max_context_length, resolve_model_path
 from verl.utils.tracking import Tracking
 from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.critic import CriticWorker
 from verl.workers.rollout import SamplingParams
 
+GPU_SHARE = 0.5  # the actor and critic worker groups share each GPU (colocated), as in veRL
 VAL_SEED_OFFSET = 1_000_000  # validation start states: seeds trainer.seed + VAL_SEED_OFFSET + group, never trained on
 
 
@@ -36,18 +40,29 @@ def run(cfg: RagenConfig) -> None:
     validate(cfg, ranks)
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir)
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    cfg.critic.model.path = resolve_model_path(cfg.critic.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+    actor = cfg.actor_rollout_ref.actor
+    use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
+    use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     with worker_backend(cfg):
-        if cfg.trainer.backend == "ray":
-            actor_rollout_wg = RayWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref, world_size=ranks,
-                                              num_cpus=cfg.ray.num_cpus_per_worker,
-                                              num_gpus=1 if torch.cuda.is_available() else 0)
-        else:
-            actor_rollout_wg = LocalWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref)
-        actor_rollout_wg.init_model()
+        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, cfg.actor_rollout_ref, ranks)
+        actor_rollout_wg.init_model(use_reference=use_reference)
+        critic_wg = make_worker_group(cfg, CriticWorker, cfg.critic, ranks) if use_critic else None
+        if critic_wg is not None:
+            critic_wg.init_model()
         agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
         val_agent = make_agent(cfg, "val", actor_rollout_wg, tokenizer)
-        PPOTrainer(cfg.trainer, cfg.algorithm, actor_rollout_wg, agent, tracker, val_agent).fit()
+        mini_batch = np.lcm(actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size if use_critic else 1)
+        PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
+                   tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch)).fit()
+
+
+def make_worker_group(cfg: RagenConfig, worker_cls: type, config, ranks: int):
+    if cfg.trainer.backend == "local":
+        return LocalWorkerGroup(worker_cls, config)
+    return RayWorkerGroup(worker_cls, config, world_size=ranks, num_cpus=cfg.ray.num_cpus_per_worker,
+                          num_gpus=GPU_SHARE if torch.cuda.is_available() else 0)
 
 
 def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> AgentProxy:

@@ -57,6 +57,7 @@ def converse(tokenizer, config, replies, window=-1):
         texts.append(context.add_response(trajectory, ids))
         reply_ids.append(ids)
         trajectory.turn_rewards.append(0.0)
+        trajectory.turn_states.append(f"state {turn + 1}")
         if turn + 1 < len(replies):
             assert context.add_observation(trajectory, f"state {turn + 2}", -0.1, 9 - turn, response_length=16)
     return context, trajectory, prompts, texts, reply_ids

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragen.config import AgentProxyConfig
+from ragen.config import AgentProxyConfig, RewardNormalizationConfig
 from ragen.context_manager import ContextManager, Trajectory, parse_reply
 
 
@@ -62,8 +62,9 @@ def test_reply_text_is_cut_at_the_stop_string(context):
 
 def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
     a = Trajectory(input_ids=[5, 6, 7, 8], loss_mask=[0, 1, 0, 1], turn_ids=[0, 0, 1, 1], turn_ends=[1, 3],
-                   turn_rewards=[-0.1, 1.0])
-    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], turn_ids=[0, 0], turn_ends=[1], turn_rewards=[0.5])
+                   turn_rewards=[-0.1, 1.0], turn_states=["s1", "s2"])
+    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], turn_ids=[0, 0], turn_ends=[1], turn_rewards=[0.5],
+                   turn_states=["s1"])
     context = ContextManager(tokenizer, AgentProxyConfig(), {"T": ""}, {"T": "x"}, [tokenizer.eos_token_id])
     batch = context.to_batch([a, b], group_ids=[0, 0], tags=["T", "T"])
     assert batch.batch["input_ids"].shape == (2, 4)
@@ -71,6 +72,31 @@ def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
     assert batch.batch["loss_mask"].tolist() == [[0, 1, 0, 1], [0, 1, 0, 0]]
     assert batch.batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert batch.batch["turn_ids"][1].tolist() == [0, 0, -1, -1]
+    assert batch.batch["state_ids"].tolist() == [[0, 0, 1, 1], [0, 0, -1, -1]]  # "s1" is one state in both
+    assert batch.batch["trajectory_rewards"].tolist() == pytest.approx([0.9, 0.5])
+
+
+def one_turn(reward: float, state: str = "s") -> Trajectory:
+    return Trajectory(input_ids=[5, 6], loss_mask=[0, 1], turn_ids=[0, 0], turn_ends=[1], turn_rewards=[reward],
+                      turn_states=[state])
+
+
+@pytest.mark.parametrize("grouping, method, expected", [
+    ("state", "identity", [1.0, 0.0, 3.0, 3.0]),  # ARPO: raw rewards
+    ("state", "mean", [0.5, -0.5, 0.0, 0.0]),
+    ("state", "mean_std", [0.7071, -0.7071, 0.0, 0.0]),  # a group of equal rewards gets 0, not NaN
+    ("batch", "mean", [-0.75, -1.75, 1.25, 1.25]),  # BRPO's centring over the whole batch
+    ("batch", "mean_std", [-0.5, -1.1667, 0.8333, 0.8333]),  # mean 1.75, unbiased std 1.5
+    ("inductive", "mean", [0.0, -1.0, 1.0, 1.0]),  # per env tag: A, B, B, B
+    ("batch", "asym_clip", [-0.5, -1.0, 0.8333, 0.8333]),  # mean_std clipped to [-1, 3]
+])
+def test_reward_normalization_groupings_and_methods(tokenizer, grouping, method, expected):
+    config = AgentProxyConfig(reward_normalization=RewardNormalizationConfig(grouping=grouping, method=method))
+    context = ContextManager(tokenizer, config, {"A": "", "B": ""}, {"A": "x", "B": "x"}, [tokenizer.eos_token_id])
+    batch = context.to_batch([one_turn(1.0), one_turn(0.0), one_turn(3.0), one_turn(3.0)], group_ids=[0, 0, 1, 1],
+                             tags=["A", "B", "B", "B"])
+    assert batch.batch["token_rewards"][:, 1].tolist() == pytest.approx(expected, abs=1e-4)
+    assert batch.batch["trajectory_rewards"].tolist() == [1.0, 0.0, 3.0, 3.0]  # the raw rewards are kept
 
 
 @pytest.mark.parametrize("text, actions", [

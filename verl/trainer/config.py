@@ -27,8 +27,13 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = 4  # trajectories per forward/backward (gradient accumulation)
     ppo_epochs: int = 1  # passes over the rollout batch per training step
     clip_ratio_low: float = 0.2  # PPO clip: ratio >= 1 - clip_ratio_low
-    clip_ratio_high: float = 0.28  # decoupled upper clip: ratio <= 1 + clip_ratio_high
+    clip_ratio_high: float = 0.28  # decoupled upper clip: ratio <= 1 + clip_ratio_high (StarPO-S clips higher)
+    clip_ratio_c: float = 3.0  # dual clip: for A < 0 the loss is at most -A * clip_ratio_c (must be > 1)
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
     entropy_coeff: float = 0.001  # entropy bonus weight (RAGEN's default)
+    use_kl_loss: bool = False  # add kl_loss_coef * KL(policy || reference) to the loss (loads a reference model)
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"  # kl/k1 | abs | mse/k2 | low_var_kl/k3 (core_algos.KL_PENALTIES)
     grad_clip: float = 1.0  # max global gradient norm
     optim: OptimConfig = field(default_factory=OptimConfig)
 
@@ -52,6 +57,10 @@ class RolloutConfig:
     max_model_len: int | None = None  # longest trajectory in tokens; None: the model's max_position_embeddings
     dtype: str = "bfloat16"  # weights of the rollout engine (never fp16 on CPU: no fast kernels)
     log_prob_micro_batch_size_per_gpu: int = 8  # trajectories per forward when scoring log-probs
+    # StarPO-S variance filter: train only on the start states whose trajectories disagree most
+    rollout_filter_ratio: float = 0.25  # top_k: fraction of groups kept; top_p: share of the summed std kept; 1 = off
+    rollout_filter_type: str = "std"  # std: keep the highest in-group reward std | std_rev: the lowest
+    rollout_filter_strategy: str = "top_k"  # top_k | top_p
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
@@ -63,9 +72,40 @@ class ActorRolloutRefConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The value model: the policy's architecture with a scalar head, trained on the GAE returns."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # trajectories per optimizer step
+    ppo_micro_batch_size_per_gpu: int = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"
+    forward_micro_batch_size_per_gpu: int = "${actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu}"
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"
+    cliprange_value: float = 0.5  # new values stay within old values +- this in the clipped value loss
+    grad_clip: float = 1.0
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive (Ziegler et al.: steer the coefficient towards target_kl)
+    kl_coef: float = 0.001  # (initial) coefficient of the KL penalty in the reward
+    target_kl: float = 0.1  # adaptive only
+    horizon: int = 10000  # adaptive only: samples over which the coefficient may change by ~20%
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # key of core_algos.ADV_ESTIMATORS
-    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's reward std (False: Dr. GRPO)
+    adv_estimator: str = "gae"  # key of core_algos.ADV_ESTIMATORS; gae and bi_level_gae train a critic
+    gamma: float = 1.0  # token-level discount (gae, bi_level_gae, reinforce_plus_plus)
+    lam: float = 1.0  # GAE lambda
+    high_level_gamma: float = 0.95  # discount across turns (bi_level_gae, gigpo)
+    norm_adv_by_std_in_grpo: bool = True  # grpo/gigpo: divide by the group's reward std (False: Dr. GRPO)
+    whiten_advantages: bool = True  # gae/bi_level_gae: zero mean, unit std over the batch's tokens (as veRL)
+    gigpo_step_weight: float = 1.0  # gigpo: weight of the step-level (same-state) advantage
+    adv_mask: str = "response"  # tokens that carry advantages and values: response | trajectory (state tokens too)
+    use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(old || ref) from each generated token's reward
+    kl_penalty: str = "kl"  # estimator of that KL (core_algos.KL_PENALTIES)
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
 
 
 @dataclass
@@ -82,6 +122,7 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     test_freq: int = 10  # validate every this many steps (and after the last); -1: never during training
     val_before_train: bool = True  # validate the initial model first: the baseline of every val curve
+    critic_warmup: int = 0  # train only the critic for this many steps first
     # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved
     rollout_data_dir: str | None = "${trainer.default_local_dir}/rollouts"
 

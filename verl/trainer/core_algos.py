@@ -1,69 +1,389 @@
 """The RL math as pure tensor functions, kept in small dict registries.
 
 Shapes: B trajectories, T tokens. Every per-token tensor is aligned with `input_ids` (B, T): position t
-holds the quantity of token t (its log-prob given tokens < t, its advantage, ...). `loss_mask` is 1 exactly
-on the tokens the model generated, so prompt and environment tokens never contribute to a loss.
+holds the quantity of token t (its log-prob given tokens < t, its value V(tokens < t), its reward, its
+advantage). Two masks select tokens:
+- `loss_mask` is 1 exactly on the tokens the model generated; only they are ever trained on.
+- `adv_mask` marks the tokens that carry advantages and values. By default it equals `loss_mask`, so the
+  TD recursion of GAE jumps from a turn's last reply token straight to the next turn's first reply token,
+  skipping the environment's tokens (`algorithm.adv_mask=trajectory` lets the state tokens in as well).
+`turn_ends` (B, T) marks each turn's last generated token, where that turn's reward sits.
 
-Advantage estimators share one keyword signature:
-    estimator(*, token_rewards, loss_mask, group_ids, config) -> (advantages, returns)
-and live in ADV_ESTIMATORS; the trainer looks them up by `algorithm.adv_estimator` and never branches.
+Advantage estimators share one keyword signature
+    estimator(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config) -> (advantages, returns)
+where `values` is (B, T) (zeros without a critic), `group_ids` (B,) says which trajectories share a start
+state, and `state_ids` (B, T) gives each token the id of the state its turn answered (GiGPO's anchor
+states). They live in ADV_ESTIMATORS, which the trainer indexes by `algorithm.adv_estimator`.
+
+Departures from the textbook, on purpose:
+- Estimators that compare whole trajectories (grpo, rloo, reinforce, gigpo's episode part) read the
+  trajectory's reward as the sum of its token rewards.
+- GAE-family advantages are whitened over the batch's tokens (veRL's behaviour), switchable with
+  `algorithm.whiten_advantages`; returns are computed before whitening.
 """
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from verl.trainer.config import AlgorithmConfig
 
+EPS = 1e-6  # guards divisions by a group's reward std, as in GRPO's reference implementation
 
+
+# ---- masks and group statistics -----------------------------------------------------------------
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def compute_grpo_advantages(*, token_rewards: torch.Tensor, loss_mask: torch.Tensor, group_ids: np.ndarray,
-                            config: AlgorithmConfig, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: each trajectory's total reward, normalised within its group, on every generated token.
-
-    A_i = (R_i - mean(R_group)) / (std(R_group) + eps); without std normalisation (Dr. GRPO) just the
-    centred reward. std is the unbiased sample std, as in the GRPO paper's reference implementation.
-    """
-    scores = token_rewards.sum(dim=-1)  # (B,)
-    _, group_index = np.unique(group_ids, return_inverse=True)
-    group_index = torch.as_tensor(group_index, device=scores.device)  # (B,) in [0, G)
-    n_groups = int(group_index.max()) + 1
-    counts = torch.zeros(n_groups, device=scores.device).index_add_(0, group_index, torch.ones_like(scores))
-    means = torch.zeros(n_groups, device=scores.device).index_add_(0, group_index, scores) / counts
-    centred = scores - means[group_index]
-    sq_sums = torch.zeros(n_groups, device=scores.device).index_add_(0, group_index, centred**2)
-    stds = (sq_sums / (counts - 1).clamp(min=1)).sqrt()
-    if config.norm_adv_by_std_in_grpo:
-        centred = centred / (stds[group_index] + eps)
-    advantages = centred[:, None] * loss_mask  # (B, T)
-    return advantages, advantages.clone()
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(values - mean) / std over the masked entries (unbiased variance); zero outside the mask."""
+    n = mask.sum()
+    mean = masked_mean(values, mask)
+    var = ((values - mean) ** 2 * mask).sum() / (n - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
-ADV_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "grpo": compute_grpo_advantages,
+def turn_end_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: generated tokens whose successor is not generated, i.e. each reply's last token."""
+    generated = loss_mask.bool()
+    next_generated = F.pad(generated[:, 1:], (0, 1), value=False)
+    return generated & ~next_generated
+
+
+def span_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) float: every token from the first generated token to the last, state tokens included."""
+    generated = loss_mask.bool()
+    started = generated.int().cummax(dim=1).values.bool()
+    not_finished = generated.flip(1).int().cummax(dim=1).values.flip(1).bool()
+    return (started & not_finished).float()
+
+
+ADV_MASKS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "response": lambda loss_mask: loss_mask.float(),
+    "trajectory": span_mask,
 }
 
 
+def group_index(keys: np.ndarray) -> torch.Tensor:
+    """Arbitrary hashable keys (B,) -> dense group indices (B,) in [0, G)."""
+    _, index = np.unique(np.asarray(keys), return_inverse=True)
+    return torch.as_tensor(index.reshape(-1), dtype=torch.long)
+
+
+def group_mean_std(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample mean and unbiased std of its group's scores (std 0 for a group of one)."""
+    n_groups = int(index.max()) + 1
+    zeros = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
+    counts = zeros.index_add(0, index, torch.ones_like(scores))
+    means = zeros.index_add(0, index, scores) / counts
+    centred = scores - means[index]
+    variances = zeros.index_add(0, index, centred**2) / (counts - 1).clamp(min=1)
+    return means[index], variances.sqrt()[index]
+
+
+# ---- advantage estimators -----------------------------------------------------------------------
+def compute_gae(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config: AlgorithmConfig):
+    """GAE over the tokens of `adv_mask`, the next masked token being the next step:
+    delta_t = r_t + gamma * V_next - V_t,  A_t = delta_t + gamma * lam * A_next; after the last one V = A = 0."""
+    mask = adv_mask.bool()
+    advantages = torch.zeros_like(token_rewards)
+    next_value = torch.zeros_like(token_rewards[:, 0])  # (B,)
+    next_advantage = torch.zeros_like(next_value)
+    for t in reversed(range(token_rewards.shape[1])):
+        delta = token_rewards[:, t] + config.gamma * next_value - values[:, t]
+        advantage = delta + config.gamma * config.lam * next_advantage
+        advantages[:, t] = torch.where(mask[:, t], advantage, 0.0)
+        next_value = torch.where(mask[:, t], values[:, t], next_value)
+        next_advantage = torch.where(mask[:, t], advantage, next_advantage)
+    returns = (advantages + values) * adv_mask
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, adv_mask)
+    return advantages, returns
+
+
+def compute_bi_level_gae(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids,
+                         config: AlgorithmConfig):
+    """Bi-level GAE (VAGEN): GAE across turns with `high_level_gamma`, then GAE within each turn with `gamma`.
+
+    Turn level, over the turns' last tokens e_k: delta_k = r(e_k) + high_level_gamma * V(e_{k+1}) - V(e_k),
+    A_k = delta_k + high_level_gamma * lam * A_{k+1}; the turn's return is G_k = A_k + V(e_k).
+    Token level, within turn k: the last token's reward is G_k and nothing follows it; other tokens keep
+    their own reward. A turn's credit thus reaches its tokens with gamma, and earlier turns with high_level_gamma.
+    """
+    ends, mask = turn_ends.bool(), adv_mask.bool()
+    turn_returns = torch.zeros_like(token_rewards)  # G_k at e_k
+    next_value = torch.zeros_like(token_rewards[:, 0])
+    next_advantage = torch.zeros_like(next_value)
+    for t in reversed(range(token_rewards.shape[1])):
+        delta = token_rewards[:, t] + config.high_level_gamma * next_value - values[:, t]
+        advantage = delta + config.high_level_gamma * config.lam * next_advantage
+        turn_returns[:, t] = torch.where(ends[:, t], advantage + values[:, t], 0.0)
+        next_value = torch.where(ends[:, t], values[:, t], next_value)
+        next_advantage = torch.where(ends[:, t], advantage, next_advantage)
+
+    rewards = torch.where(ends, turn_returns, token_rewards)
+    advantages = torch.zeros_like(token_rewards)
+    next_value, next_advantage = torch.zeros_like(next_value), torch.zeros_like(next_advantage)
+    for t in reversed(range(token_rewards.shape[1])):
+        next_value = torch.where(ends[:, t], 0.0, next_value)  # a turn's last token ends its token-level episode
+        next_advantage = torch.where(ends[:, t], 0.0, next_advantage)
+        delta = rewards[:, t] + config.gamma * next_value - values[:, t]
+        advantage = delta + config.gamma * config.lam * next_advantage
+        advantages[:, t] = torch.where(mask[:, t], advantage, 0.0)
+        next_value = torch.where(mask[:, t], values[:, t], next_value)
+        next_advantage = torch.where(mask[:, t], advantage, next_advantage)
+    returns = (advantages + values) * adv_mask
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, adv_mask)
+    return advantages, returns
+
+
+def compute_grpo(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config: AlgorithmConfig):
+    """GRPO: A_i = (R_i - mean(R_group)) / (std(R_group) + eps) on every token; without std (Dr. GRPO) just
+    R_i - mean. std is the unbiased sample std; a group of one, or of equal rewards, gets A = 0."""
+    scores = token_rewards.sum(dim=-1)  # (B,)
+    means, stds = group_mean_std(scores, group_index(group_ids).to(scores.device))
+    centred = scores - means
+    if config.norm_adv_by_std_in_grpo:
+        centred = centred / (stds + EPS)
+    advantages = centred[:, None] * adv_mask
+    return advantages, advantages
+
+
+def compute_rloo(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config: AlgorithmConfig):
+    """RLOO: A_i = R_i - mean of the other n-1 rewards of its group = n / (n-1) * (R_i - mean); 0 if n = 1."""
+    scores = token_rewards.sum(dim=-1)
+    index = group_index(group_ids).to(scores.device)
+    counts = torch.bincount(index).to(scores.dtype)[index]
+    means, _ = group_mean_std(scores, index)
+    advantages = (counts / (counts - 1).clamp(min=1) * (scores - means))[:, None] * adv_mask
+    return advantages, advantages
+
+
+def compute_reinforce(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids,
+                      config: AlgorithmConfig):
+    """REINFORCE without a baseline: the trajectory's reward on every token. On rewards normalised by
+    `agent_proxy.reward_normalization` this is ARPO (identity), BRPO (batch, mean_std) or GRPO (state, mean_std)."""
+    advantages = token_rewards.sum(dim=-1, keepdim=True) * adv_mask
+    return advantages, advantages
+
+
+def compute_reinforce_plus_plus(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids,
+                                config: AlgorithmConfig):
+    """REINFORCE++: the discounted reward-to-go over the masked tokens, whitened over the batch."""
+    mask = adv_mask.bool()
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = torch.where(mask[:, t], token_rewards[:, t] + config.gamma * running, running)
+        returns[:, t] = torch.where(mask[:, t], running, 0.0)
+    return masked_whiten(returns, adv_mask), returns
+
+
+def compute_gigpo(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config: AlgorithmConfig):
+    """GiGPO: an episode-level GRPO advantage plus `gigpo_step_weight` times a step-level one.
+
+    Step level: each turn's discounted return R_k = r(e_k) + high_level_gamma * R_{k+1} is compared with the
+    returns of all turns, in the same group, that answered the same state (anchor state): (R - mean) / (std
+    + eps), or R - mean without std normalisation. A state met once has step advantage 0.
+    """
+    episode, _ = compute_grpo(token_rewards=token_rewards, values=values, adv_mask=adv_mask, turn_ends=turn_ends,
+                              group_ids=group_ids, state_ids=state_ids, config=config)
+    ends = turn_ends.bool()
+    step_returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = torch.where(ends[:, t], token_rewards[:, t] + config.high_level_gamma * running, running)
+        step_returns[:, t] = torch.where(ends[:, t], running, 0.0)
+
+    rows, cols = ends.nonzero(as_tuple=True)  # one entry per turn
+    keys = np.stack([group_index(group_ids).numpy()[rows.cpu().numpy()], state_ids[rows, cols].cpu().numpy()], 1)
+    _, anchor = np.unique(keys, axis=0, return_inverse=True)
+    turn_returns = step_returns[rows, cols]
+    means, stds = group_mean_std(turn_returns, torch.as_tensor(anchor.reshape(-1), device=turn_returns.device))
+    step_adv = turn_returns - means
+    if config.norm_adv_by_std_in_grpo:
+        step_adv = step_adv / (stds + EPS)
+    at_ends = torch.zeros_like(token_rewards)
+    at_ends[rows, cols] = step_adv
+
+    step = torch.zeros_like(token_rewards)  # each turn's step advantage on all of its tokens
+    carry = torch.zeros_like(running)
+    for t in reversed(range(token_rewards.shape[1])):
+        carry = torch.where(ends[:, t], at_ends[:, t], carry)
+        step[:, t] = carry
+    advantages = episode + config.gigpo_step_weight * step * adv_mask
+    return advantages, advantages
+
+
+@dataclass(frozen=True)
+class AdvEstimator:
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    uses_critic: bool  # needs `values` from a critic, which is then trained on `returns`
+    token_level: bool  # reads every token's reward (so a per-token KL penalty in the reward is meaningful)
+    group_relative: bool  # compares trajectories of a group, so it needs group_size >= 2
+
+
+ADV_ESTIMATORS: dict[str, AdvEstimator] = {
+    "gae": AdvEstimator(compute_gae, uses_critic=True, token_level=True, group_relative=False),
+    "bi_level_gae": AdvEstimator(compute_bi_level_gae, uses_critic=True, token_level=False, group_relative=False),
+    "grpo": AdvEstimator(compute_grpo, uses_critic=False, token_level=False, group_relative=True),
+    "rloo": AdvEstimator(compute_rloo, uses_critic=False, token_level=False, group_relative=True),
+    "reinforce": AdvEstimator(compute_reinforce, uses_critic=False, token_level=False, group_relative=False),
+    "reinforce_plus_plus": AdvEstimator(compute_reinforce_plus_plus, uses_critic=False, token_level=True,
+                                        group_relative=False),
+    "gigpo": AdvEstimator(compute_gigpo, uses_critic=False, token_level=False, group_relative=True),
+}
+
+
+# ---- reward normalisation (RAGEN's ARPO / BRPO / GRPO), on per-trajectory scores ------------------------
+def _standardise(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    means, stds = group_mean_std(scores, index)
+    return torch.where(stds > EPS, (scores - means) / (stds + EPS), torch.zeros_like(scores))
+
+
+REWARD_NORMALIZERS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "identity": lambda scores, index: scores,  # ARPO: raw rewards
+    "mean": lambda scores, index: scores - group_mean_std(scores, index)[0],
+    "mean_std": _standardise,  # a group whose rewards are all equal gets 0
+    "asym_clip": lambda scores, index: _standardise(scores, index).clamp(min=-1.0, max=3.0),
+}
+
+
+def normalize_scores(scores: torch.Tensor, group_keys: np.ndarray, method: str) -> torch.Tensor:
+    """Normalise each trajectory's reward (B,) within the groups given by `group_keys` (B,)."""
+    return REWARD_NORMALIZERS[method](scores, group_index(group_keys).to(scores.device))
+
+
+# ---- StarPO-S variance filter --------------------------------------------------------------------
+def select_groups(group_stds: torch.Tensor, ratio: float, filter_type: str, strategy: str,
+                  multiple: int = 1) -> torch.Tensor:
+    """Indices of the groups to keep, by in-group reward std (G,), most informative first.
+
+    top_k keeps ceil(ratio * G) groups; top_p keeps the fewest groups whose stds add up to `ratio` of the
+    total. std keeps the highest stds, std_rev the lowest. The count is rounded up to a multiple of
+    `multiple` (so the kept samples fill whole mini-batches); ties keep the earlier group.
+    """
+    n_groups = len(group_stds)
+    order = torch.sort(group_stds, descending=filter_type == "std", stable=True).indices
+    if strategy == "top_k":
+        keep = int(np.ceil(ratio * n_groups - 1e-9))
+    else:
+        cumulative = torch.cumsum(group_stds[order], 0)
+        total = cumulative[-1]
+        keep = n_groups if total <= 0 else int((cumulative < ratio * total - 1e-9).sum()) + 1
+    keep = min(n_groups, -(-max(keep, 1) // multiple) * multiple)
+    return order[:keep]
+
+
+# ---- policy and value losses ---------------------------------------------------------------------
 def compute_policy_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                        loss_mask: torch.Tensor, clip_ratio_low: float,
-                        clip_ratio_high: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped PPO surrogate with decoupled clip range [1 - low, 1 + high], token-mean over `loss_mask`."""
+                        loss_mask: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                        clip_ratio_c: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clipped PPO loss (B, T) with decoupled clip [1 - low, 1 + high] and dual clip.
+
+    loss = max(-A r, -A clip(r)); for A < 0 additionally min(that, -A * clip_ratio_c), so a huge ratio on
+    a bad token cannot produce an unbounded loss (Ye et al., 2020).
+    """
     ratio = torch.exp(log_probs - old_log_probs)  # (B, T)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), loss_mask)
+    clip_loss = torch.maximum(unclipped, clipped)
+    dual = torch.minimum(clip_loss, -advantages * clip_ratio_c)
+    loss = torch.where(advantages < 0, dual, clip_loss)
     metrics = {
         "pg_clipfrac": masked_mean((clipped > unclipped).float(), loss_mask),
+        "pg_clipfrac_lower": masked_mean(((advantages < 0) & (dual < clip_loss)).float(), loss_mask),
         "ppo_kl": masked_mean(old_log_probs - log_probs, loss_mask),
     }
     return loss, metrics
+
+
+def compute_value_loss(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped value loss 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old)."""
+    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    unclipped_loss, clipped_loss = (values - returns) ** 2, (clipped - returns) ** 2
+    return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).float()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens: 1 is a perfect critic, 0 no better than a constant."""
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    residual = returns - values
+    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    return float(1 - var_residual / var_returns) if var_returns > 0 else float("nan")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution at each position: (B, T, V) -> (B, T)."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+# ---- loss aggregation ----------------------------------------------------------------------------
+# Each mode returns (numerator, units): the loss is numerator / units. Splitting a mini-batch into
+# micro-batches and dividing every micro-batch's numerator by the mini-batch's units gives exactly the
+# gradient of the whole mini-batch, whatever the micro-batch size.
+LOSS_AGG_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = {
+    "token-mean": lambda values, mask: ((values * mask).sum(), mask.sum()),
+    "seq-mean-token-sum": lambda values, mask: ((values * mask).sum(), (mask.sum(-1) > 0).sum().to(values.dtype)),
+    "seq-mean-token-mean": lambda values, mask: (((values * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum(),
+                                                 (mask.sum(-1) > 0).sum().to(values.dtype)),
+}
+
+
+def agg_loss(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    numerator, units = LOSS_AGG_MODES[mode](values, mask)
+    return numerator / units.clamp(min=1)
+
+
+# ---- KL ------------------------------------------------------------------------------------------
+def _low_var_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    log_ratio = ref_log_probs - log_probs
+    return (torch.exp(log_ratio) - log_ratio - 1).clamp(min=-10, max=10)
+
+
+# Per-token estimators of KL(pi || pi_ref) from the sampled token's log-probs (Schulman's k1, k2, k3).
+KL_PENALTIES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "kl": lambda log_probs, ref_log_probs: log_probs - ref_log_probs,
+    "k1": lambda log_probs, ref_log_probs: log_probs - ref_log_probs,
+    "abs": lambda log_probs, ref_log_probs: (log_probs - ref_log_probs).abs(),
+    "mse": lambda log_probs, ref_log_probs: 0.5 * (log_probs - ref_log_probs) ** 2,
+    "k2": lambda log_probs, ref_log_probs: 0.5 * (log_probs - ref_log_probs) ** 2,
+    "low_var_kl": _low_var_kl,
+    "k3": _low_var_kl,
+}
+
+
+class FixedKLController:
+    def __init__(self, kl_coef: float, **_):
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): move the coefficient by at most 20% per `horizon` samples towards `target_kl`."""
+
+    def __init__(self, kl_coef: float, target_kl: float, horizon: int):
+        self.value, self.target, self.horizon = kl_coef, target_kl, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
+        self.value *= 1 + error * n_steps / self.horizon
+
+
+KL_CONTROLLERS = {"fixed": FixedKLController, "adaptive": AdaptiveKLController}
+
+
+def apply_kl_penalty(token_rewards: torch.Tensor, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
+                     loss_mask: torch.Tensor, kl_penalty: str, kl_coef: float) -> tuple[torch.Tensor, float]:
+    """r_t - kl_coef * KL_t on every generated token; also returns the batch's mean per-token KL."""
+    kl = KL_PENALTIES[kl_penalty](old_log_probs, ref_log_probs) * loss_mask
+    return token_rewards - kl_coef * kl, float(masked_mean(kl, loss_mask))

@@ -1,7 +1,8 @@
-"""The training loop: one step = rollout, score, advantage, update, record (DESIGN.md).
+"""The training loop: one step = rollout, filter, score, advantage, update, record (DESIGN.md).
 
 The trainer runs on the driver and owns no model: it calls worker groups and an agent that produces
-rollouts. Each stage is one line of `fit()` and returns a batch or a dict of metrics.
+rollouts. Each stage is one line of `fit()` and returns a batch or a dict of metrics. The critic worker
+group exists only when the advantage estimator uses values; the reference policy only when KL is on.
 """
 
 import os
@@ -9,9 +10,14 @@ import time
 from contextlib import contextmanager
 from typing import Protocol
 
+import numpy as np
+import torch
+
 from verl.protocol import DataProto
-from verl.trainer.config import AlgorithmConfig, TrainerConfig
-from verl.trainer.core_algos import ADV_ESTIMATORS
+from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
+from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, apply_kl_penalty,
+                                     explained_variance, group_index, group_mean_std, masked_mean, select_groups,
+                                     turn_end_mask)
 from verl.utils.tracking import Tracking, write_jsonl
 
 
@@ -22,10 +28,16 @@ class RolloutProducer(Protocol):
 
 
 class PPOTrainer:
-    def __init__(self, config: TrainerConfig, algorithm: AlgorithmConfig, actor_rollout_wg, agent: RolloutProducer,
-                 tracker: Tracking, val_agent: RolloutProducer | None = None):
-        self.config, self.algorithm = config, algorithm
-        self.actor_rollout_wg, self.agent, self.val_agent, self.tracker = actor_rollout_wg, agent, val_agent, tracker
+    def __init__(self, config: TrainerConfig, algorithm: AlgorithmConfig, rollout_config: RolloutConfig,
+                 actor_rollout_wg, critic_wg, agent: RolloutProducer, tracker: Tracking,
+                 val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1):
+        """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
+        many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps."""
+        self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
+        self.actor_rollout_wg, self.critic_wg, self.agent, self.val_agent = actor_rollout_wg, critic_wg, agent, val_agent
+        self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
+        ctrl = algorithm.kl_ctrl
+        self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
     def fit(self) -> None:
         if self.val_agent is not None and self.config.val_before_train:
@@ -37,17 +49,67 @@ class PPOTrainer:
                 with timed("gen", metrics):
                     rollout = self.agent.rollout(step)
                     self.save_records(rollout.records, "train", step)
+                batch, filter_metrics = self.filter(rollout.batch)
                 with timed("old_log_prob", metrics):
-                    batch = rollout.batch.union(self.actor_rollout_wg.compute_log_prob(rollout.batch))
+                    batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+                if self.use_reference:
+                    with timed("ref", metrics):
+                        batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+                if self.critic_wg is not None:
+                    with timed("values", metrics):
+                        batch = batch.union(self.critic_wg.compute_values(batch))
                 with timed("adv", metrics):
-                    batch = compute_advantage(batch, self.algorithm)
-                with timed("update_actor", metrics):
-                    actor_metrics = self.actor_rollout_wg.update_actor(batch)
+                    batch, adv_metrics = self.compute_advantage(batch)
+                if self.critic_wg is not None:
+                    with timed("update_critic", metrics):
+                        metrics |= self.critic_wg.update_critic(batch)
+                if step > self.config.critic_warmup:
+                    with timed("update_actor", metrics):
+                        metrics |= self.actor_rollout_wg.update_actor(batch)
                 if self.val_agent is not None and self.config.test_freq > 0 and (
                         step % self.config.test_freq == 0 or step == last):
                     metrics |= self.validate(step)
-            self.tracker.log(rollout.metrics | actor_metrics | metrics, step)
+            self.tracker.log(rollout.metrics | filter_metrics | adv_metrics | metrics, step)
         self.save(last)
+
+    def filter(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most."""
+        cfg = self.rollout_config
+        rewards = batch.batch["trajectory_rewards"]
+        index = group_index(batch.non_tensor_batch["group_ids"])
+        _, stds = group_mean_std(rewards, index)
+        group_stds = torch.zeros(int(index.max()) + 1).index_put_((index,), stds)  # (G,)
+        group_size = len(batch) // len(group_stds)
+        kept = select_groups(group_stds, cfg.rollout_filter_ratio, cfg.rollout_filter_type,
+                             cfg.rollout_filter_strategy, multiple=groups_per_multiple(self.samples_multiple, group_size))
+        keep = np.isin(index.numpy(), kept.numpy())
+        metrics = {"rollout/in_group_std": group_stds.mean().item(),
+                   "rollout/chosen_in_group_std": group_stds[kept].mean().item(),
+                   "rollout/filter_kept_ratio": len(kept) / len(group_stds)}
+        return batch[keep], metrics
+
+    def compute_advantage(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        algo, metrics = self.algorithm, {}
+        loss_mask, token_rewards = batch.batch["loss_mask"], batch.batch["token_rewards"]
+        if algo.use_kl_in_reward:
+            token_rewards, kl = apply_kl_penalty(token_rewards, batch.batch["old_log_probs"],
+                                                 batch.batch["ref_log_probs"], loss_mask, algo.kl_penalty,
+                                                 self.kl_ctrl.value)
+            metrics |= {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
+            self.kl_ctrl.update(kl, n_steps=len(batch))
+        adv_mask = ADV_MASKS[algo.adv_mask](loss_mask)
+        values = batch.batch.get("values", torch.zeros_like(token_rewards))
+        advantages, returns = ADV_ESTIMATORS[algo.adv_estimator].fn(
+            token_rewards=token_rewards, values=values, adv_mask=adv_mask, turn_ends=turn_end_mask(loss_mask),
+            group_ids=batch.non_tensor_batch["group_ids"], state_ids=batch.batch["state_ids"], config=algo)
+        metrics |= {"critic/advantages_mean": masked_mean(advantages, adv_mask).item(),
+                    "critic/advantages_max": advantages[adv_mask.bool()].max().item(),
+                    "critic/advantages_min": advantages[adv_mask.bool()].min().item()}
+        if self.critic_wg is not None:
+            metrics |= {"critic/returns_mean": masked_mean(returns, adv_mask).item(),
+                        "critic/values_mean": masked_mean(values, adv_mask).item(),
+                        "critic/explained_variance": explained_variance(values, returns, adv_mask)}
+        return batch.union(DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})), metrics
 
     def validate(self, step: int) -> dict[str, float]:
         """Play the validation set (the same start states every time) with the validation sampling."""
@@ -68,11 +130,9 @@ class PPOTrainer:
         return path
 
 
-def compute_advantage(batch: DataProto, config: AlgorithmConfig) -> DataProto:
-    advantages, returns = ADV_ESTIMATORS[config.adv_estimator](
-        token_rewards=batch.batch["token_rewards"], loss_mask=batch.batch["loss_mask"],
-        group_ids=batch.non_tensor_batch["group_ids"], config=config)
-    return batch.union(DataProto(batch={"advantages": advantages, "returns": returns}))
+def groups_per_multiple(samples_multiple: int, group_size: int) -> int:
+    """The smallest number of groups whose trajectories are a multiple of `samples_multiple`."""
+    return samples_multiple // np.gcd(samples_multiple, group_size)
 
 
 @contextmanager

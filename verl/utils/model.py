@@ -145,3 +145,19 @@ def load_causal_lm(path: str, dtype: str = "float32"):
     except OSError as e:
         raise ModelNotFoundError(f"could not load model {path!r}: {e}. With HF_HUB_OFFLINE=1 a hub id must "
                                  "already be in the local Hugging Face cache") from e
+
+
+def load_value_model(path: str):
+    """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
+
+    The backbone comes from the checkpoint at `path`; the head is new. Dropout before the head is off,
+    so a value is a deterministic function of the tokens.
+    """
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0
+    try:
+        return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+    except OSError as e:
+        raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e

@@ -1,24 +1,25 @@
-"""ActorRolloutRefWorker: the policy being trained and the rollout engine that samples from it.
+"""ActorRolloutRefWorker: the policy being trained, the rollout engine that samples from it, and the
+frozen reference policy (loaded only when KL is on).
 
 One instance per rank. The actor keeps fp32 master weights and runs its forward passes under bf16
 autocast; the rollout engine keeps its own copy in the rollout dtype and is re-synced after every update.
-A reference policy (for KL) belongs here too and arrives with the KL losses.
 
 Batches are right-padded token sequences (B, T) with `loss_mask` on the generated tokens; per-token
 tensors are aligned with `input_ids`, so `log_probs[:, t]` is log pi(token_t | tokens_<t) and column 0,
 which no token predicts, is zero.
 """
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig
-from verl.trainer.core_algos import compute_policy_loss, entropy_from_logits, masked_mean
+from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
 from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer
+from verl.workers.ppo_update import ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
 
@@ -28,7 +29,7 @@ class ActorRolloutRefWorker(Worker):
         self.config = config
 
     @register(ONE_TO_ALL)
-    def init_model(self) -> None:
+    def init_model(self, use_reference: bool = False) -> None:
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.model = load_causal_lm(cfg.model.path, "float32").to(self.device)
@@ -36,6 +37,10 @@ class ActorRolloutRefWorker(Worker):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.actor.optim.lr,
                                            betas=tuple(cfg.actor.optim.betas),
                                            weight_decay=cfg.actor.optim.weight_decay)
+        self.ref_model = None
+        if use_reference:  # the initial policy, frozen: KL is measured against it
+            self.ref_model = load_causal_lm(cfg.model.path, "float32").to(self.device).eval().requires_grad_(False)
+            self.ref_model.config.use_cache = False
         engine_cls = ROLLOUT_ENGINES[cfg.rollout.name]
         self.rollout = engine_cls(cfg.model.path, self.tokenizer, cfg.rollout.dtype, self.device)
         self.rollout.sync_weights(self.model.state_dict())
@@ -50,34 +55,27 @@ class ActorRolloutRefWorker(Worker):
         return DataProto(non_tensor_batch={"response_ids": responses})
 
     @register(DATA_PARALLEL)
-    @torch.no_grad()
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the current policy: the PPO ratio's denominator."""
-        self.model.eval()
-        micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
-        log_probs = [self._forward(micro.to(self.device).batch, with_entropy=False)[0]
-                     for micro in data.split(micro_size)]
-        return DataProto(batch={"old_log_probs": torch.cat(log_probs).cpu()})
+        return DataProto(batch={"old_log_probs": self._score(self.model, data)})
+
+    @register(DATA_PARALLEL)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """Log-probs of the sampled tokens under the reference policy, for the KL loss or KL penalty."""
+        assert self.ref_model is not None, "init_model(use_reference=True) loads the reference policy"
+        return DataProto(batch={"ref_log_probs": self._score(self.ref_model, data)})
 
     @register(DATA_PARALLEL)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO epochs over mini-batches; each mini-batch is one optimizer step, accumulated over micro-batches."""
         cfg = self.config.actor
-        self.model.train()
-        mini_size = cfg.ppo_mini_batch_size // self.world_size
-        history: dict[str, list[float]] = {}
-        for _ in range(cfg.ppo_epochs):
-            for mini in data.split(mini_size):
-                self.optimizer.zero_grad()
-                micros = mini.split(cfg.ppo_micro_batch_size_per_gpu)
-                for micro in micros:
-                    metrics = self._policy_loss_backward(micro, scale=1 / len(micros))
-                    for k, v in metrics.items():
-                        history.setdefault(k, []).append(v)
-                history.setdefault("actor/grad_norm", []).append(self._optimizer_step())
+        metrics = ppo_update(self.model, self.optimizer, data, self._policy_loss,
+                             mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
+                             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
+                             grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode=cfg.loss_agg_mode,
+                             device=self.device, prefix="actor")
         self.rollout.sync_weights(self.model.state_dict())
-        history["actor/lr"] = [self.optimizer.param_groups[0]["lr"]]
-        return {k: sum(v) / len(v) for k, v in history.items()}
+        return metrics
 
     @register(ONE_TO_ALL)
     def save_model(self, path: str) -> None:
@@ -86,39 +84,49 @@ class ActorRolloutRefWorker(Worker):
             self.model.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
 
-    def _policy_loss_backward(self, micro: DataProto, scale: float) -> dict[str, float]:
-        batch = micro.to(self.device).batch
-        log_probs, entropy = self._forward(batch, with_entropy=True)
-        pg_loss, pg_metrics = compute_policy_loss(
+    def _policy_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""
+        cfg, mask = self.config.actor, batch["loss_mask"]
+        aggregate = LOSS_AGG_MODES[cfg.loss_agg_mode]
+        log_probs, entropy = self._forward(self.model, batch, with_entropy=True)
+        pg_losses, pg_metrics = compute_policy_loss(
             log_probs=log_probs, old_log_probs=batch["old_log_probs"], advantages=batch["advantages"],
-            loss_mask=batch["loss_mask"], clip_ratio_low=self.config.actor.clip_ratio_low,
-            clip_ratio_high=self.config.actor.clip_ratio_high)
-        entropy_mean = masked_mean(entropy, batch["loss_mask"])
-        loss = pg_loss - self.config.actor.entropy_coeff * entropy_mean
-        (loss * scale).backward()
-        return {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_mean.item(),
-                **{f"actor/{k}": v.item() for k, v in pg_metrics.items()}}
+            loss_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c)
+        (pg_loss, units), (entropy_sum, _) = aggregate(pg_losses, mask), aggregate(entropy, mask)
+        loss = pg_loss - cfg.entropy_coeff * entropy_sum
+        metrics = {"pg_loss": (pg_loss / units).item(), "entropy": masked_mean(entropy, mask).item(),
+                   **{k: v.item() for k, v in pg_metrics.items()}}
+        if "ref_log_probs" in batch:  # the reference exists only when KL is on; its distance is always logged
+            kl = KL_PENALTIES[cfg.kl_loss_type](log_probs, batch["ref_log_probs"])
+            metrics["kl_loss"] = masked_mean(kl, mask).item()
+            if cfg.use_kl_loss:
+                loss = loss + cfg.kl_loss_coef * aggregate(kl, mask)[0]
+        return loss, metrics
 
-    def _optimizer_step(self) -> float:
-        if self.world_size > 1:  # data parallel: every rank steps with the mean gradient
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.actor.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            print(f"[rank {self.rank}] skipped an optimizer step: gradient norm is {grad_norm.item()}", flush=True)
-        return grad_norm.item()
+    @torch.no_grad()
+    def _score(self, model: torch.nn.Module, data: DataProto) -> torch.Tensor:
+        model.eval()
+        micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
+        return torch.cat([self._forward(model, micro.to(self.device).batch, with_entropy=False)[0]
+                          for micro in data.split(micro_size)]).cpu()
 
-    def _forward(self, batch: dict[str, torch.Tensor], with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked."""
         input_ids = batch["input_ids"]  # (B, T)
-        with torch.autocast(self.device.type, dtype=DTYPES[self.config.model.dtype]):
-            logits = self.model(input_ids=input_ids, attention_mask=batch["attention_mask"],
-                                position_ids=batch["position_ids"]).logits  # (B, T, V)
+        with autocast(self.device, self.config.model.dtype):
+            logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
+                           position_ids=batch["position_ids"]).logits  # (B, T, V)
         logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
         log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
         log_probs = torch.nn.functional.pad(log_probs, (1, 0))  # (B, T): token 0 has no prediction
         entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
         return log_probs, entropy
+
+
+def autocast(device: torch.device, dtype: str):
+    """Forward passes in `dtype` over fp32 master weights; float32 runs plain fp32."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[dtype])

@@ -1,0 +1,62 @@
+"""CriticWorker: the value model V(tokens < t), trained on the returns of GAE with a clipped value loss.
+
+Values are aligned like log-probs: `values[:, t]` is the value of the prefix before token t, read from the
+value head at position t - 1; column 0 is zero. They are trained only where `adv_mask` is 1.
+"""
+
+import torch
+
+from verl.protocol import DataProto
+from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
+from verl.trainer.config import CriticConfig
+from verl.trainer.core_algos import compute_value_loss, masked_mean
+from verl.utils.model import load_value_model
+from verl.workers.actor import autocast
+from verl.workers.ppo_update import ppo_update
+
+
+class CriticWorker(Worker):
+    def __init__(self, config: CriticConfig, *, rank: int, world_size: int, init_method: str | None):
+        super().__init__(rank, world_size, init_method)
+        self.config = config
+
+    @register(ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.model = load_value_model(cfg.model.path).to(self.device)
+        self.model.config.use_cache = False
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                           weight_decay=cfg.optim.weight_decay)
+
+    @register(DATA_PARALLEL)
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> DataProto:
+        self.model.eval()
+        values = [self._forward(micro.to(self.device).batch)
+                  for micro in data.split(self.config.forward_micro_batch_size_per_gpu)]
+        return DataProto(batch={"values": torch.cat(values).cpu()})
+
+    @register(DATA_PARALLEL)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        cfg = self.config
+        return ppo_update(self.model, self.optimizer, data, self._value_loss,
+                          mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
+                          micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
+                          grad_clip=cfg.grad_clip, mask_key="adv_mask", loss_agg_mode="token-mean",
+                          device=self.device, prefix="critic")
+
+    def _value_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch["adv_mask"]
+        values = self._forward(batch)
+        losses, clipped = compute_value_loss(values=values, old_values=batch["values"], returns=batch["returns"],
+                                             cliprange_value=self.config.cliprange_value)
+        metrics = {"vf_loss": masked_mean(losses, mask).item(), "vf_clipfrac": masked_mean(clipped, mask).item(),
+                   "vpred_mean": masked_mean(values, mask).item()}
+        return (losses * mask).sum(), metrics
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with autocast(self.device, self.config.model.dtype):
+            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).logits  # (B, T, 1)
+        values = out[:, :-1, 0].float()  # position t - 1 holds V(tokens < t)
+        return torch.nn.functional.pad(values, (1, 0))  # (B, T)

@@ -1,0 +1,55 @@
+"""The PPO update loop shared by the actor and the critic: epochs, mini-batches, micro-batches.
+
+A mini-batch is one optimizer step. Its loss is aggregated over the whole mini-batch on every rank
+together (`loss_agg_mode` decides the units: tokens or sequences): each micro-batch's summed loss is divided
+by the mini-batch's total units across ranks, and gradients are summed across ranks. So the update does
+not depend on the micro-batch size or the number of ranks, only on the mini-batch.
+"""
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
+from verl.trainer.core_algos import LOSS_AGG_MODES
+
+# micro-batch tensors -> (the loss summed over its units, metrics of this micro-batch)
+MicroLoss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+
+
+def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: DataProto, micro_loss: MicroLoss, *,
+               mini_batch_size: int, micro_batch_size: int, epochs: int, grad_clip: float, mask_key: str,
+               loss_agg_mode: str, device: torch.device, prefix: str) -> dict[str, float]:
+    """`mini_batch_size` is per rank. Returns the metrics averaged over micro-batches, plus the gradient norm."""
+    model.train()
+    history: dict[str, list[float]] = {}
+    for _ in range(epochs):
+        for mini in data.split(mini_batch_size):
+            optimizer.zero_grad()
+            micros = [micro.to(device) for micro in mini.split(micro_batch_size)]
+            units = sum(LOSS_AGG_MODES[loss_agg_mode](m.batch[mask_key], m.batch[mask_key])[1] for m in micros)
+            if dist.is_initialized():
+                dist.all_reduce(units)
+            for micro in micros:
+                loss_sum, metrics = micro_loss(micro.batch)
+                (loss_sum / units.clamp(min=1)).backward()
+                for k, v in metrics.items():
+                    history.setdefault(f"{prefix}/{k}", []).append(v)
+            history.setdefault(f"{prefix}/grad_norm", []).append(optimizer_step(model, optimizer, grad_clip))
+    history[f"{prefix}/lr"] = [optimizer.param_groups[0]["lr"]]
+    return {k: sum(v) / len(v) for k, v in history.items()}
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Sum gradients over ranks, clip, step; skip the step (and say so) on a non-finite gradient."""
+    if dist.is_initialized():
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        print(f"skipped an optimizer step: gradient norm is {grad_norm.item()}", flush=True)
+    return grad_norm.item()
