@@ -98,6 +98,7 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
         f"{batch_prefix}/num_turns": float(np.mean([len(s.turns) for s in states])),
         f"{batch_prefix}/format_ok_rate": float(np.mean([ok for t in trajectories for ok in t.format_ok])),
         f"{batch_prefix}/context_truncated_rate": float(np.mean([s.context_truncated for s in states])),
+        f"{batch_prefix}/response_repetition": repetition_rate([r for t in trajectories for r in replies(t)]),
     }
     for tag in sorted({s.tag for s in states}):
         group = [(s, r) for s, r in zip(states, rewards) if s.tag == tag]
@@ -113,6 +114,24 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
         }
         metrics |= {f"{tag_prefix}/{tag}/{k}": v for k, v in pass_at_k([s for s, _ in group]).items()}
     return metrics
+
+
+def replies(trajectory: Trajectory) -> list[list[int]]:
+    """The generated token ids of each turn."""
+    spans, current = [], []
+    for token, generated in zip(trajectory.input_ids, trajectory.loss_mask):
+        if generated:
+            current.append(token)
+        elif current:
+            spans, current = spans + [current], []
+    return spans + [current] if current else spans
+
+
+def repetition_rate(sequences: list[list[int]], n: int = 4) -> float:
+    """1 - distinct / total token n-grams over all replies of the batch: 0 when no n-gram repeats, near 1
+    when the replies repeat themselves or each other. A rising value is the echo trap's signature."""
+    ngrams = [tuple(seq[i:i + n]) for seq in sequences for i in range(len(seq) - n + 1)]
+    return 1.0 - len(set(ngrams)) / len(ngrams) if ngrams else 0.0
 
 
 def pass_at_k(states: list[EnvState]) -> dict[str, float]:

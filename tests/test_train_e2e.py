@@ -45,7 +45,10 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert "val-env/Bandit/pass@1" in metrics[1] and "val-env/Bandit/pass@1" not in metrics[0]  # test_freq 10: last
     for m in metrics:
         for key in ("rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "train/Bandit/success",
-                    "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor"):
+                    "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor",
+                    "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "critic/explained_variance",
+                    "critic/grad_norm", "rollout/in_group_std", "rollout/chosen_in_group_std",
+                    "rollout/filter_kept_ratio", "rollout/response_repetition"):
             assert key in m, key
         assert m["actor/grad_norm"] > 0
     assert "step 2:" in result.stdout
@@ -56,7 +59,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert sorted(p.relative_to(rollouts).as_posix() for p in rollouts.rglob("*.jsonl")) == [
         "train/step_1.jsonl", "train/step_2.jsonl", "val/step_0.jsonl", "val/step_2.jsonl"]
     train_records = [json.loads(line) for line in (rollouts / "train" / "step_1.jsonl").read_text().splitlines()]
-    assert len(train_records) == 8 and all(r["tag"] == "Bandit" and len(r["turns"]) == 1 for r in train_records)
+    assert len(train_records) == 16 and all(r["tag"] == "Bandit" and len(r["turns"]) == 1 for r in train_records)
     val_records = (rollouts / "val" / "step_0.jsonl").read_text().splitlines()
     assert len(val_records) == 8  # the CPU scale's validation set: 8 start states x 1
 
@@ -71,6 +74,20 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
 
 
+@pytest.mark.parametrize("algo, expected, absent", [
+    ("starpo", ["actor/kl_loss", "critic/vf_loss"], []),  # KL loss to a reference policy, a critic
+    ("grpo", ["actor/pg_loss"], ["critic/vf_loss", "actor/kl_loss"]),  # neither critic nor reference
+    ("brpo", ["actor/pg_loss"], ["critic/vf_loss"]),
+    ("bi_level_gae", ["critic/vf_loss", "critic/explained_variance"], []),
+])
+def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected, absent):
+    train("sokoban", tiny_model_path, tmp_path, f"algo={algo}", "trainer.total_training_steps=1",
+          "trainer.backend=local", "agent_proxy.max_turn=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
+    (metrics,) = read_metrics(tmp_path)
+    assert all(key in metrics for key in expected) and not any(key in metrics for key in absent)
+    assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
+
+
 def test_bad_config_fails_before_loading_a_model(tmp_path):
     command = ["bash", str(REPO / "train.sh"), "sokoban", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
                "model_path=/nonexistent/model", f"hydra.run.dir={tmp_path}"]
@@ -82,7 +99,7 @@ def test_bad_config_fails_before_loading_a_model(tmp_path):
 def test_a_mix_of_frozen_lake_and_countdown_in_one_batch(tiny_model_path, tmp_path):
     train("frozen_lake", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=2", "es_manager.train.env_configs.tags=[FrozenLake,Countdown]",
-          "es_manager.train.env_configs.n_groups=[1,1]", "trainer.val_before_train=false", "trainer.test_freq=-1")
+          "es_manager.train.env_configs.n_groups=[2,2]", "trainer.val_before_train=false", "trainer.test_freq=-1")
     (metrics,) = read_metrics(tmp_path)
     for tag in ("FrozenLake", "Countdown"):
         assert f"train/{tag}/success" in metrics and f"train/{tag}/valid_action_rate" in metrics

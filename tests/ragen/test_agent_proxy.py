@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ragen.agent_proxy import AgentProxy, pass_at_k
+from ragen.agent_proxy import AgentProxy, pass_at_k, repetition_rate, replies
 from ragen.config import AgentProxyConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
-from ragen.context_manager import ContextManager
+from ragen.context_manager import ContextManager, Trajectory
 from ragen.env_state_manager import EnvStateManager
 from verl.protocol import DataProto
 from verl.workers.rollout import SamplingParams
@@ -116,3 +116,22 @@ def test_pass_at_k_is_the_unbiased_estimate():
     result = pass_at_k(states)
     assert result["pass@1"] == pytest.approx((0.25 + 0 + 1) / 3)
     assert result["pass@4"] == pytest.approx((1 + 0 + 1) / 3)
+
+
+def test_repetition_rate_counts_repeated_ngrams_within_and_across_replies():
+    assert repetition_rate([[1, 2, 3, 4, 5]], n=4) == 0.0  # 2 distinct 4-grams of 2
+    assert repetition_rate([[1, 2, 3, 4], [1, 2, 3, 4]], n=4) == 0.5  # the echo: the same reply twice
+    assert repetition_rate([[7] * 10], n=4) == pytest.approx(1 - 1 / 7)  # one 4-gram, 7 times
+    assert repetition_rate([[1, 2]], n=4) == 0.0  # too short to have any
+
+
+def test_replies_are_the_generated_spans_of_each_turn():
+    trajectory = Trajectory(input_ids=[1, 2, 3, 4, 5, 6, 7], loss_mask=[0, 1, 1, 0, 0, 1, 1])
+    assert replies(trajectory) == [[2, 3], [6, 7]]
+
+
+def test_rollout_reports_the_echo_trap_signal(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Bandit", CustomEnvConfig(env_type="bandit", max_actions_per_traj=1),
+                          "ok ok ok ok ok</think><answer>dragon</answer>", max_turn=1)
+    repetition = proxy.rollout(step=1).metrics["rollout/response_repetition"]
+    assert 0.75 <= repetition < 1  # four identical replies: at least 3 of every 4 n-grams are repeats

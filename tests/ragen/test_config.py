@@ -17,6 +17,32 @@ def test_recipes_compose_and_validate(recipe, scale):
     assert cfg.actor_rollout_ref.model.path == cfg.model_path
 
 
+@pytest.mark.parametrize("algo", ["starpo_s", "starpo", "grpo", "brpo", "bi_level_gae"])
+@pytest.mark.parametrize("scale", ["cpu", "gpu"])
+def test_algorithm_recipes_compose_and_validate(algo, scale):
+    validate(load("sokoban", f"scale={scale}", f"algo={algo}"), world_size=1)
+
+
+def test_defaults_are_the_starpo_s_recipe():
+    cfg = load("sokoban")
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    assert (algo.adv_estimator, algo.gamma, algo.lam, algo.use_kl_in_reward) == ("gae", 1.0, 1.0, False)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.use_kl_loss, actor.entropy_coeff) == (0.2, 0.28, False,
+                                                                                                    0.001)
+    assert cfg.actor_rollout_ref.rollout.rollout_filter_ratio == 0.25
+    assert (actor.optim.lr, cfg.critic.optim.lr) == (1e-6, 1e-5)
+    assert cfg.critic.model.path == cfg.model_path  # the critic starts from the policy's weights
+
+
+def test_recipes_change_what_they_say():
+    starpo = load("sokoban", "algo=starpo")
+    assert starpo.actor_rollout_ref.actor.use_kl_loss and starpo.actor_rollout_ref.actor.kl_loss_coef == 0.001
+    assert starpo.actor_rollout_ref.rollout.rollout_filter_ratio == 1.0
+    brpo = load("sokoban", "algo=brpo").agent_proxy.reward_normalization
+    assert (brpo.grouping, brpo.method) == ("batch", "mean_std")
+    assert load("sokoban", "algo=bi_level_gae").agent_proxy.use_turn_scores
+
+
 def test_gpu_scale_uses_ragen_sizes():
     train = load("sokoban", "scale=gpu").es_manager.train
     assert (train.env_groups, train.group_size) == (8, 16)
@@ -50,6 +76,21 @@ def test_unknown_keys_and_wrong_types_fail_naming_the_key(override):
     (["custom_envs.SimpleSokoban.env_type=chess"], "env_type"),
     (["actor_rollout_ref.rollout.temperature=0"], "temperature"),
     (["trainer.backend=slurm"], "backend"),
+    (["algorithm.adv_mask=state"], "adv_mask"),
+    (["algorithm.gamma=1.5"], "gamma"),
+    (["actor_rollout_ref.actor.kl_loss_type=k4"], "kl_loss_type"),
+    (["actor_rollout_ref.actor.loss_agg_mode=sum"], "loss_agg_mode"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c"),
+    (["agent_proxy.reward_normalization.method=zscore"], "method"),
+    (["agent_proxy.reward_normalization.grouping=env"], "grouping"),
+    (["agent_proxy.use_turn_scores=true", "agent_proxy.reward_normalization.method=mean_std"], "use_turn_scores"),
+    (["actor_rollout_ref.rollout.rollout_filter_type=var"], "rollout_filter_type"),
+    (["actor_rollout_ref.rollout.rollout_filter_ratio=0"], "rollout_filter_ratio"),
+    (["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=true"], "use_kl_in_reward"),
+    (["algorithm.adv_estimator=grpo", "trainer.critic_warmup=2"], "critic_warmup"),
+    # the filter keeps 1 of 4 groups = 4 trajectories: fewer than a mini-batch of 8
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=8"], "rollout_filter_ratio"),
+    (["critic.ppo_mini_batch_size=8"], "critic.ppo_mini_batch_size"),
 ])
 def test_impossible_values_fail_at_startup_naming_the_key(overrides, key):
     cfg = load("sokoban", "scale=cpu", *overrides)

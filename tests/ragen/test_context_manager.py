@@ -87,7 +87,7 @@ def one_turn(reward: float, state: str = "s") -> Trajectory:
     ("state", "mean_std", [0.7071, -0.7071, 0.0, 0.0]),  # a group of equal rewards gets 0, not NaN
     ("batch", "mean", [-0.75, -1.75, 1.25, 1.25]),  # BRPO's centring over the whole batch
     ("batch", "mean_std", [-0.5, -1.1667, 0.8333, 0.8333]),  # mean 1.75, unbiased std 1.5
-    ("inductive", "mean", [0.0, -1.0, 1.0, 1.0]),  # per env tag: A, B, B, B
+    ("inductive", "mean", [0.0, -2.0, 1.0, 1.0]),  # per env tag: A alone; B = 0, 3, 3 (mean 2)
     ("batch", "asym_clip", [-0.5, -1.0, 0.8333, 0.8333]),  # mean_std clipped to [-1, 3]
 ])
 def test_reward_normalization_groupings_and_methods(tokenizer, grouping, method, expected):

@@ -1,0 +1,150 @@
+"""The training loop's stages with scripted worker groups: which stages run, in which order, on what."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.config import AlgorithmConfig, KLControlConfig, RolloutConfig, TrainerConfig
+from verl.trainer.ppo_trainer import PPOTrainer, groups_per_multiple
+from verl.utils.tracking import Tracking
+
+
+def rollout_batch(rewards: list[float], group_size: int) -> DataProto:
+    """One prompt token, two generated tokens, the trajectory's reward on the last one."""
+    n = len(rewards)
+    token_rewards = torch.zeros(n, 3)  # (B, T)
+    token_rewards[:, 2] = torch.tensor(rewards)
+    return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "loss_mask": torch.tensor([[0., 1, 1]] * n),
+                            "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
+                            "state_ids": torch.zeros(n, 3, dtype=torch.long)},
+                     non_tensor_batch={"group_ids": np.arange(n) // group_size})
+
+
+@dataclass
+class Rollout:
+    batch: DataProto
+    metrics: dict
+    records: list
+
+
+class ScriptedAgent:
+    def __init__(self, batch: DataProto):
+        self.batch = batch
+
+    def rollout(self, step):
+        return Rollout(self.batch, {"rollout/reward_mean": 0.0}, [])
+
+
+class RecordingWorkers:
+    """Stands in for a worker group: records the calls and the batch sizes, returns fixed tensors."""
+
+    def __init__(self, calls: list, name: str):
+        self.calls, self.name = calls, name
+
+    def __getattr__(self, method):
+        def call(data=None, *args):
+            self.calls.append((self.name, method, len(data) if isinstance(data, DataProto) else None))
+            if method == "compute_log_prob":
+                return DataProto(batch={"old_log_probs": torch.full((len(data), 3), -1.0)})
+            if method == "compute_ref_log_prob":
+                return DataProto(batch={"ref_log_probs": torch.full((len(data), 3), -1.5)})
+            if method == "compute_values":
+                return DataProto(batch={"values": torch.full((len(data), 3), 0.25)})
+            if method == "update_actor":
+                assert {"advantages", "old_log_probs", "adv_mask"} <= data.batch.keys()
+                return {"actor/pg_loss": 0.0}
+            if method == "update_critic":
+                assert {"returns", "values", "adv_mask"} <= data.batch.keys()
+                return {"critic/vf_loss": 0.0}
+        return call
+
+
+def make_trainer(tmp_path, rewards, group_size=2, algorithm=None, rollout=None, critic=True, use_reference=False,
+                 steps=1, critic_warmup=0, samples_multiple=1):
+    calls = []
+    config = TrainerConfig(total_training_steps=steps, critic_warmup=critic_warmup, default_local_dir=str(tmp_path),
+                           rollout_data_dir=None, logger=["jsonl"])
+    trainer = PPOTrainer(config, algorithm or AlgorithmConfig(), rollout or RolloutConfig(rollout_filter_ratio=1.0),
+                         RecordingWorkers(calls, "actor"), RecordingWorkers(calls, "critic") if critic else None,
+                         ScriptedAgent(rollout_batch(rewards, group_size)), Tracking(["jsonl"], str(tmp_path)),
+                         use_reference=use_reference, samples_multiple=samples_multiple)
+    return trainer, calls
+
+
+def test_a_step_runs_the_stages_in_order(tmp_path):
+    trainer, calls = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0], use_reference=True)
+    trainer.fit()
+    assert [(who, what) for who, what, _ in calls] == [
+        ("actor", "compute_log_prob"), ("actor", "compute_ref_log_prob"), ("critic", "compute_values"),
+        ("critic", "update_critic"), ("actor", "update_actor"), ("actor", "save_model")]
+
+
+def test_without_critic_or_reference_those_stages_do_not_run(tmp_path):
+    trainer, calls = make_trainer(tmp_path, [1.0, 0.0], algorithm=AlgorithmConfig(adv_estimator="grpo"), critic=False)
+    trainer.fit()
+    assert [what for _, what, _ in calls] == ["compute_log_prob", "update_actor", "save_model"]
+
+
+def test_critic_warmup_skips_the_actor_update(tmp_path):
+    trainer, calls = make_trainer(tmp_path, [1.0, 0.0], steps=3, critic_warmup=2)
+    trainer.fit()
+    assert [what for _, what, _ in calls].count("update_critic") == 3
+    assert [what for _, what, _ in calls].count("update_actor") == 1
+
+
+def test_filter_keeps_the_groups_with_the_most_reward_spread(tmp_path):
+    # groups of 2: stds 0, 0.707, 0, 1.414 -> top 25% (1 of 4) is group 3, top 50% groups 3 and 1
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+    trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.25))
+    batch, metrics = trainer.filter(rollout_batch(rewards, 2))
+    assert batch.non_tensor_batch["group_ids"].tolist() == [3, 3]
+    assert metrics["rollout/filter_kept_ratio"] == 0.25
+    assert metrics["rollout/chosen_in_group_std"] == pytest.approx(2 ** 0.5)
+    assert metrics["rollout/in_group_std"] == pytest.approx((2 ** 0.5 + 2 ** -0.5) / 4)
+    trainer.rollout_config.rollout_filter_ratio = 0.5
+    assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [1, 1, 3, 3]
+    trainer.rollout_config.rollout_filter_type = "std_rev"
+    assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [0, 0, 2, 2]
+
+
+def test_filter_keeps_whole_mini_batches_in_top_p_mode(tmp_path):
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+    trainer, _ = make_trainer(tmp_path, rewards, samples_multiple=4,
+                              rollout=RolloutConfig(rollout_filter_ratio=0.5, rollout_filter_strategy="top_p"))
+    # group 3 alone holds 2/3 of the summed std, but 2 trajectories do not fill a mini-batch of 4
+    batch, _ = trainer.filter(rollout_batch(rewards, 2))
+    assert batch.non_tensor_batch["group_ids"].tolist() == [1, 1, 3, 3]
+    assert groups_per_multiple(samples_multiple=4, group_size=2) == 2
+    assert groups_per_multiple(samples_multiple=8, group_size=16) == 1
+
+
+def test_filter_runs_before_scoring(tmp_path):
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+    trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.5))
+    trainer.fit()
+    assert {size for _, what, size in calls if what != "save_model"} == {4}
+
+
+def test_advantages_are_added_with_their_mask(tmp_path):
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0], algorithm=AlgorithmConfig(adv_estimator="grpo"), critic=False)
+    batch = trainer.agent.batch.union(DataProto(batch={"old_log_probs": torch.zeros(2, 3)}))
+    batch, metrics = trainer.compute_advantage(batch)
+    assert batch.batch["adv_mask"].tolist() == [[0, 1, 1]] * 2
+    assert batch.batch["advantages"][:, 1].tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
+    assert "critic/explained_variance" not in metrics  # no critic
+
+
+def test_kl_in_reward_penalises_every_generated_token(tmp_path):
+    algorithm = AlgorithmConfig(adv_estimator="reinforce_plus_plus", use_kl_in_reward=True, kl_penalty="kl",
+                                kl_ctrl=KLControlConfig(type="adaptive", kl_coef=0.1, target_kl=1.0, horizon=10))
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0], algorithm=algorithm, critic=False, use_reference=True)
+    batch = trainer.agent.batch.union(DataProto(batch={"old_log_probs": torch.full((2, 3), -1.0),
+                                                       "ref_log_probs": torch.full((2, 3), -1.5)}))
+    _, metrics = trainer.compute_advantage(batch)
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(0.5)  # log pi_old - log pi_ref on generated tokens
+    assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)
+    # adaptive: the error 0.5 / 1 - 1 = -0.5 is clipped to -0.2; 2 samples of a 10-sample horizon
+    assert trainer.kl_ctrl.value == pytest.approx(0.1 * (1 - 0.2 * 2 / 10))

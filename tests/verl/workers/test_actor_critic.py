@@ -1,0 +1,265 @@
+"""The training workers on a tiny fp32 Llama: the update depends only on the mini-batch (not on how it is cut
+into micro-batches or ranks), log-probs and values are aligned with input_ids, the reference policy is the
+initial policy, and the critic fits its returns."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from verl.protocol import DataProto
+from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
+from verl.trainer.config import (ActorConfig, ActorRolloutRefConfig, CriticConfig, ModelConfig, OptimConfig,
+                                 RolloutConfig)
+from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.critic import CriticWorker
+
+LENGTHS = (12, 7, 10, 5)  # right-padded to 12
+# generated spans [start, end) per sequence; the rest is prompt, environment (8..10 of the first) or pad
+SPANS = (((3, 6), (8, 12)), ((2, 7),), ((4, 10),), ((1, 5),))
+LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+def make_batch(tokenizer, seed: int = 0) -> DataProto:
+    """Four right-padded sequences of different lengths, with random advantages and returns on their
+    generated tokens. old_log_probs and values are the workers' to add."""
+    gen = torch.Generator().manual_seed(seed)
+    size, width = len(LENGTHS), max(LENGTHS)
+    input_ids = torch.full((size, width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((size, width), dtype=torch.long)
+    position_ids = torch.zeros((size, width), dtype=torch.long)
+    loss_mask = torch.zeros((size, width))
+    for i, (n, spans) in enumerate(zip(LENGTHS, SPANS)):
+        input_ids[i, :n] = torch.randint(len(tokenizer), (n,), generator=gen)
+        attention_mask[i, :n] = 1
+        position_ids[i, :n] = torch.arange(n)
+        for start, end in spans:
+            loss_mask[i, start:end] = 1
+    return DataProto(batch={
+        "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+        "loss_mask": loss_mask, "adv_mask": loss_mask.clone(),
+        "advantages": torch.randn((size, width), generator=gen) * loss_mask,
+        "returns": torch.randn((size, width), generator=gen) * loss_mask})
+
+
+def actor_config(model_path: str, **actor) -> ActorRolloutRefConfig:
+    actor = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, entropy_coeff=0.01,
+                 optim=OptimConfig(lr=1e-3)) | actor
+    return ActorRolloutRefConfig(model=ModelConfig(path=model_path, dtype="float32"), actor=ActorConfig(**actor),
+                                 rollout=RolloutConfig(dtype="float32", log_prob_micro_batch_size_per_gpu=3))
+
+
+def critic_config(model_path: str, **critic) -> CriticConfig:
+    critic = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, forward_micro_batch_size_per_gpu=3,
+                  ppo_epochs=1, optim=OptimConfig(lr=1e-3)) | critic
+    return CriticConfig(model=ModelConfig(path=model_path, dtype="float32"), **critic)
+
+
+def local_actor(model_path: str, use_reference: bool = False, **actor) -> LocalWorkerGroup:
+    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config(model_path, **actor))
+    group.init_model(use_reference=use_reference)
+    return group
+
+
+def local_critic(model_path: str, **critic) -> LocalWorkerGroup:
+    group = LocalWorkerGroup(CriticWorker, critic_config(model_path, **critic))
+    torch.manual_seed(0)  # the value head is initialised at random: the same seed, the same head
+    group.init_model()
+    return group
+
+
+def params(group: LocalWorkerGroup) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in group.worker.model.named_parameters()}
+
+
+def grads(group: LocalWorkerGroup) -> dict[str, torch.Tensor]:
+    """The last mini-batch's gradient (ppo_update zeroes it before, not after, a step)."""
+    return {k: v.grad.clone() for k, v in group.worker.model.named_parameters()}
+
+
+def assert_same_update(before, after_a, after_b, rel: float = 0.05) -> None:
+    """Both updates moved the parameters, and by the same amount up to `rel` of the largest move.
+
+    Not tighter: Adam's first step is lr * g / (|g| + 1e-8), so where a gradient is ~1e-9 its rounding
+    (~1e-10, from summing micro-batches in another order) moves the parameter by a few percent of lr.
+    The gradients themselves are compared tightly."""
+    moved = max((after_a[k] - before[k]).abs().max().item() for k in before)
+    assert moved > 1e-4, "the update left the parameters where they were"
+    diff = max((after_a[k] - after_b[k]).abs().max().item() for k in before)
+    assert diff <= rel * moved, f"updates differ by {diff:.3g}, the largest move is {moved:.3g}"
+
+
+def assert_same_tensors(a: dict, b: dict, rel: float) -> None:
+    scale = max(v.abs().max().item() for v in a.values())
+    assert scale > 0
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=rel * scale, msg=lambda m: f"{k}: {m}")
+
+
+def hand_policy_gradient(model_path: str, batch: DataProto, mode: str, entropy_coeff: float):
+    """The mini-batch's PPO loss gradient at ratio 1, written out per aggregation mode."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    b = batch.batch
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                   position_ids=b["position_ids"]).logits[:, :-1]
+    log_p = logits.log_softmax(-1)
+    token_log_p = log_p.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    mask, adv = b["loss_mask"][:, 1:], b["advantages"][:, 1:]
+    per_token = (-adv * torch.exp(token_log_p - token_log_p.detach()) - entropy_coeff * entropy) * mask
+    if mode == "token-mean":
+        loss = per_token.sum() / mask.sum()
+    elif mode == "seq-mean-token-sum":
+        loss = per_token.sum(-1).mean()
+    else:
+        loss = (per_token.sum(-1) / mask.sum(-1)).mean()
+    loss.backward()
+    return {k: v.grad for k, v in model.named_parameters()}
+
+
+# ---- gradient accumulation --------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_actor_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, tokenizer, mode):
+    # no gradient clipping, so the gradients left on the parameters are the raw mini-batch gradient
+    one, four = (local_actor(tiny_model_path, ppo_micro_batch_size_per_gpu=micro, loss_agg_mode=mode, grad_clip=1e9)
+                 for micro in (1, 4))
+    batch = make_batch(tokenizer)
+    batch = batch.union(one.compute_log_prob(batch))
+    before = params(one)
+    metrics_one, metrics_four = one.update_actor(batch), four.update_actor(batch)
+
+    assert_same_tensors(grads(four), grads(one), rel=1e-5)
+    assert_same_tensors(hand_policy_gradient(tiny_model_path, batch, mode, entropy_coeff=0.01), grads(four),
+                        rel=1e-5)
+    assert metrics_one["actor/grad_norm"] == pytest.approx(metrics_four["actor/grad_norm"], rel=1e-5)
+    assert_same_update(before, params(one), params(four))
+
+
+def test_critic_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, tokenizer):
+    one, four = (local_critic(tiny_model_path, ppo_micro_batch_size_per_gpu=micro, grad_clip=1e9)
+                 for micro in (1, 4))
+    assert_same_tensors(params(one), params(four), rel=0)  # the same value head
+    batch = make_batch(tokenizer)
+    batch = batch.union(one.compute_values(batch))
+    before = params(one)
+    metrics_one, metrics_four = one.update_critic(batch), four.update_critic(batch)
+
+    assert_same_tensors(grads(four), grads(one), rel=1e-5)
+    assert metrics_one["critic/grad_norm"] == pytest.approx(metrics_four["critic/grad_norm"], rel=1e-5)
+    assert_same_update(before, params(one), params(four))
+
+
+# ---- alignment ---------------------------------------------------------------------------------------
+def test_log_probs_are_aligned_with_input_ids(tiny_model_path, tokenizer):
+    actor = local_actor(tiny_model_path)
+    batch = make_batch(tokenizer)
+    log_probs = actor.compute_log_prob(batch).batch["old_log_probs"]
+    assert log_probs.shape == batch.batch["input_ids"].shape
+    assert torch.equal(log_probs[:, 0], torch.zeros(len(batch)))  # token 0 has no prediction
+
+    i, n = 1, LENGTHS[1]  # a padded sequence, scored by hand without its padding
+    ids = batch.batch["input_ids"][i, :n]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        log_p = model(input_ids=ids[None]).logits[0].log_softmax(-1)  # (n, V)
+    expected = log_p[torch.arange(n - 1), ids[1:]]  # log pi(token t | tokens < t), t = 1..n-1
+    torch.testing.assert_close(log_probs[i, 1:n], expected, rtol=0, atol=1e-5)
+
+    with pytest.raises(AssertionError, match="use_reference"):  # no reference was loaded
+        actor.compute_ref_log_prob(batch)
+
+
+def test_values_are_aligned_with_input_ids_and_deterministic(tiny_model_path, tokenizer):
+    critic = local_critic(tiny_model_path)
+    model = critic.worker.model
+    assert type(model).__name__ == "LlamaForTokenClassification" and model.config.num_labels == 1
+    assert model.score.out_features == 1  # a scalar value head
+
+    batch = make_batch(tokenizer)
+    values = critic.compute_values(batch).batch["values"]
+    assert values.shape == batch.batch["input_ids"].shape
+    assert torch.equal(values[:, 0], torch.zeros(len(batch)))
+    assert torch.equal(critic.compute_values(batch).batch["values"], values)
+
+    i, n = 1, LENGTHS[1]
+    model.train()  # dropout before the head is off: training forwards see the same values
+    with torch.no_grad():
+        head = model(input_ids=batch.batch["input_ids"][i:i + 1, :n]).logits[0, :, 0]  # (n,)
+    torch.testing.assert_close(values[i, 1:n], head[:-1], rtol=0, atol=1e-5)  # V(tokens < t) at t - 1
+
+
+# ---- reference policy and KL loss -------------------------------------------------------------------
+def test_reference_is_the_initial_policy_and_kl_loss_pulls_towards_it(tiny_model_path, tokenizer):
+    with_kl, without_kl = (local_actor(tiny_model_path, use_reference=True, use_kl_loss=use, kl_loss_coef=1.0)
+                           for use in (True, False))
+    batch = make_batch(tokenizer)
+    old, ref = with_kl.compute_log_prob(batch), with_kl.compute_ref_log_prob(batch)
+    torch.testing.assert_close(ref.batch["ref_log_probs"], old.batch["old_log_probs"], rtol=0, atol=1e-6)
+    batch = batch.union(old).union(ref)
+
+    first = with_kl.update_actor(batch), without_kl.update_actor(batch)
+    assert [m["actor/kl_loss"] for m in first] == pytest.approx([0, 0], abs=1e-9)  # policy == reference
+    assert_same_tensors(params(with_kl), params(without_kl), rel=1e-6)  # low_var_kl has no gradient at 0
+
+    second = with_kl.update_actor(batch), without_kl.update_actor(batch)
+    assert all(m["actor/kl_loss"] > 0 for m in second)  # logged whenever a reference exists
+    kl = [(g.compute_log_prob(batch).batch["old_log_probs"] - ref.batch["ref_log_probs"]).abs().sum().item()
+          for g in (with_kl, without_kl)]
+    assert kl[0] < kl[1], f"the KL loss did not pull the policy towards the reference: {kl}"
+    torch.testing.assert_close(with_kl.compute_ref_log_prob(batch).batch["ref_log_probs"],
+                               ref.batch["ref_log_probs"], rtol=0, atol=0)  # the reference is frozen
+
+
+# ---- the critic learns --------------------------------------------------------------------------------
+def test_critic_fits_constant_returns(tiny_model_path, tokenizer):
+    critic = local_critic(tiny_model_path, cliprange_value=100.0)
+    batch = make_batch(tokenizer)
+    batch.batch["returns"] = 2.0 * batch.batch["adv_mask"]
+    losses = []
+    for _ in range(8):
+        losses.append(critic.update_critic(batch.union(critic.compute_values(batch)))["critic/vf_loss"])
+    assert losses[-1] < 0.1 * losses[0], losses
+
+
+# ---- data parallel -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_two_ranks_update_like_one(ray_cluster, tiny_model_path, tokenizer, tmp_path):
+    # micro-batches of 1: rank 0 gets sequences 0-1, rank 1 gets 2-3, each two micro-batches
+    config = actor_config(tiny_model_path, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="seq-mean-token-mean")
+    two = RayWorkerGroup(ActorRolloutRefWorker, config, world_size=2, num_cpus=0.5, num_gpus=0)
+    two.init_model()
+    one = local_actor(tiny_model_path, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="seq-mean-token-mean")
+    batch = make_batch(tokenizer)
+    old = one.compute_log_prob(batch)
+    torch.testing.assert_close(two.compute_log_prob(batch).batch["old_log_probs"], old.batch["old_log_probs"],
+                               rtol=0, atol=1e-5)
+    batch = batch.union(old)
+    before = params(one)
+    metrics_one, metrics_two = one.update_actor(batch), two.update_actor(batch)
+
+    assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-5)
+    two.save_model(str(tmp_path))
+    saved = load_file(tmp_path / "model.safetensors")  # rank 0's weights
+    assert saved.keys() == before.keys()
+    assert_same_update(before, params(one), saved)
+
+
+def test_critic_ranks_hold_the_same_value_model(ray_cluster, tiny_model_path, tokenizer):
+    # The value head is initialised at random on each rank. Every row appears on both ranks, so the
+    # ranks' values can be compared, before and after an update.
+    two = RayWorkerGroup(CriticWorker, critic_config(tiny_model_path, ppo_mini_batch_size=8), world_size=2,
+                         num_cpus=0.5, num_gpus=0)
+    two.init_model()
+    batch = make_batch(tokenizer)
+    doubled = DataProto.concat([batch, batch])
+    for _ in range(2):
+        values = two.compute_values(doubled).batch["values"]
+        torch.testing.assert_close(values[4:], values[:4], rtol=0, atol=1e-6)
+        two.update_critic(doubled.union(DataProto(batch={"values": values})))
