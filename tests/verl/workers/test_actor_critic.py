@@ -261,5 +261,5 @@ def test_critic_ranks_hold_the_same_value_model(ray_cluster, tiny_model_path, to
     doubled = DataProto.concat([batch, batch])
     for _ in range(2):
         values = two.compute_values(doubled).batch["values"]
-        torch.testing.assert_close(values[4:], values[:4], rtol=0, atol=1e-6)
+        torch.testing.assert_close(values[4:], values[:4], rtol=0, atol=1e-6, msg=lambda m: f"step {_}: {m}")
         two.update_critic(doubled.union(DataProto(batch={"values": values})))
