@@ -22,6 +22,7 @@ Departures from the textbook, on purpose:
   `algorithm.whiten_advantages`; returns are computed before whitening.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -75,14 +76,19 @@ def group_index(keys: np.ndarray) -> torch.Tensor:
 
 
 def group_mean_std(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample mean and unbiased std of its group's scores (std 0 for a group of one)."""
+    """Per-sample mean and unbiased std of its group's scores (std 0 for a group of one).
+
+    Computed in float64: there the mean of equal float32 scores is exact, so a group of equal rewards
+    has std exactly 0 (in float32 it is an ulp, which a division by std + eps would blow up).
+    """
+    values = scores.double()
     n_groups = int(index.max()) + 1
-    zeros = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
-    counts = zeros.index_add(0, index, torch.ones_like(scores))
-    means = zeros.index_add(0, index, scores) / counts
-    centred = scores - means[index]
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
+    counts = zeros.index_add(0, index, torch.ones_like(values))
+    means = zeros.index_add(0, index, values) / counts
+    centred = values - means[index]
     variances = zeros.index_add(0, index, centred**2) / (counts - 1).clamp(min=1)
-    return means[index], variances.sqrt()[index]
+    return means[index].to(scores.dtype), variances.sqrt()[index].to(scores.dtype)
 
 
 # ---- advantage estimators -----------------------------------------------------------------------
@@ -147,7 +153,7 @@ def compute_grpo(*, token_rewards, values, adv_mask, turn_ends, group_ids, state
     R_i - mean. std is the unbiased sample std; a group of one, or of equal rewards, gets A = 0."""
     scores = token_rewards.sum(dim=-1)  # (B,)
     means, stds = group_mean_std(scores, group_index(group_ids).to(scores.device))
-    centred = scores - means
+    centred = scores - means  # exactly 0 in a group of equal rewards: its mean is exact
     if config.norm_adv_by_std_in_grpo:
         centred = centred / (stds + EPS)
     advantages = centred[:, None] * adv_mask
@@ -230,7 +236,7 @@ class AdvEstimator:
 
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {
     "gae": AdvEstimator(compute_gae, uses_critic=True, token_level=True, group_relative=False),
-    "bi_level_gae": AdvEstimator(compute_bi_level_gae, uses_critic=True, token_level=False, group_relative=False),
+    "bi_level_gae": AdvEstimator(compute_bi_level_gae, uses_critic=True, token_level=True, group_relative=False),
     "grpo": AdvEstimator(compute_grpo, uses_critic=False, token_level=False, group_relative=True),
     "rloo": AdvEstimator(compute_rloo, uses_critic=False, token_level=False, group_relative=True),
     "reinforce": AdvEstimator(compute_reinforce, uses_critic=False, token_level=False, group_relative=False),
@@ -270,13 +276,15 @@ def select_groups(group_stds: torch.Tensor, ratio: float, filter_type: str, stra
     """
     n_groups = len(group_stds)
     order = torch.sort(group_stds, descending=filter_type == "std", stable=True).indices
-    if strategy == "top_k":
-        keep = int(np.ceil(ratio * n_groups - 1e-9))
+    if ratio >= 1:
+        keep = n_groups
+    elif strategy == "top_k":
+        keep = math.ceil(ratio * n_groups - 1e-9)
     else:
-        cumulative = torch.cumsum(group_stds[order], 0)
-        total = cumulative[-1]
-        keep = n_groups if total <= 0 else int((cumulative < ratio * total - 1e-9).sum()) + 1
-    keep = min(n_groups, -(-max(keep, 1) // multiple) * multiple)
+        cumulative = torch.cumsum(group_stds[order].double(), 0)
+        target = ratio * cumulative[-1] * (1 - 1e-6)  # relative slack: float rounding never adds a group
+        keep = n_groups if cumulative[-1] <= 0 else int((cumulative < target).sum()) + 1
+    keep = min(n_groups, math.ceil(max(keep, 1) / multiple) * multiple)
     return order[:keep]
 
 
