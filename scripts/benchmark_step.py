@@ -1,10 +1,11 @@
-"""Throughput of the two halves of a step on this machine: rollout generation and the actor update.
+"""Throughput of the parts of a step on this machine: rollout generation, the actor update, the critic.
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
 
 Generation uses the HF rollout engine (bf16, KV cache, left-padded batch, EOS ignored, so every row
 generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on
 sequences of --seq-len tokens under bf16 autocast with fp32 master weights, as ActorRolloutRefWorker does.
+The critic (the same backbone with a value head) is timed the same way: values, then one update.
 """
 
 import argparse
@@ -13,9 +14,10 @@ import time
 import torch
 
 from verl.protocol import DataProto
-from verl.trainer.config import ActorRolloutRefConfig, ModelConfig, RolloutConfig
+from verl.trainer.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RolloutConfig
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.critic import CriticWorker
 from verl.workers.rollout import SamplingParams
 
 
@@ -53,7 +55,8 @@ def main() -> None:
     data = DataProto(batch={
         "input_ids": torch.randint(100, vocab, (n, t)), "attention_mask": torch.ones(n, t, dtype=torch.long),
         "position_ids": torch.arange(t).repeat(n, 1), "loss_mask": torch.ones(n, t),
-        "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t)})
+        "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t),
+        "adv_mask": torch.ones(n, t), "returns": torch.randn(n, t)})
     start = time.perf_counter()
     data = data.union(worker.compute_log_prob(data))
     score_seconds = time.perf_counter() - start
@@ -63,6 +66,21 @@ def main() -> None:
     print(f"old log-probs: {n} x {t} tokens: {n * t / score_seconds:7.1f} tokens/s ({score_seconds:.1f} s)")
     print(f"update (fwd+bwd+step, micro-batch {args.micro_batch}): {n} x {t} tokens: "
           f"{n * t / update_seconds:7.1f} tokens/s ({update_seconds:.1f} s)")
+
+    critic = CriticWorker(CriticConfig(model=ModelConfig(path=path), ppo_mini_batch_size=n, ppo_epochs=1,
+                                       ppo_micro_batch_size_per_gpu=args.micro_batch,
+                                       forward_micro_batch_size_per_gpu=config.rollout.log_prob_micro_batch_size_per_gpu),
+                          rank=0, world_size=1, init_method=None)
+    critic.init_model()
+    start = time.perf_counter()
+    data = data.union(critic.compute_values(data))
+    values_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    critic.update_critic(data)
+    critic_seconds = time.perf_counter() - start
+    print(f"critic values: {n} x {t} tokens: {n * t / values_seconds:7.1f} tokens/s ({values_seconds:.1f} s)")
+    print(f"critic update (micro-batch {args.micro_batch}): {n} x {t} tokens: "
+          f"{n * t / critic_seconds:7.1f} tokens/s ({critic_seconds:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -150,14 +150,17 @@ def load_causal_lm(path: str, dtype: str = "float32"):
 def load_value_model(path: str):
     """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
 
-    The backbone comes from the checkpoint at `path`; the head is new. Dropout before the head is off,
-    so a value is a deterministic function of the tokens.
+    The backbone comes from the checkpoint at `path`; the head is new, drawn from a fixed seed, so every
+    rank (and every run) starts from the same critic. Dropout before the head is off, so a value is a
+    deterministic function of the tokens.
     """
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
     try:
-        return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+        with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+            torch.manual_seed(0)
+            return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
     except OSError as e:
         raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e
