@@ -92,19 +92,31 @@ def group_mean_std(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Ten
 
 
 # ---- advantage estimators -----------------------------------------------------------------------
-def compute_gae(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config: AlgorithmConfig):
-    """GAE over the tokens of `adv_mask`, the next masked token being the next step:
-    delta_t = r_t + gamma * V_next - V_t,  A_t = delta_t + gamma * lam * A_next; after the last one V = A = 0."""
-    mask = adv_mask.bool()
-    advantages = torch.zeros_like(token_rewards)
-    next_value = torch.zeros_like(token_rewards[:, 0])  # (B,)
+def gae_recursion(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
+                  episode_ends: torch.Tensor | None = None) -> torch.Tensor:
+    """GAE over the tokens of `mask` (B, T), the next masked token being the next step:
+    delta_t = r_t + gamma * V_next - V_t,  A_t = delta_t + gamma * lam * A_next.
+    After the last masked token, and after any token of `episode_ends`, V_next = A_next = 0."""
+    mask = mask.bool()
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])  # (B,)
     next_advantage = torch.zeros_like(next_value)
-    for t in reversed(range(token_rewards.shape[1])):
-        delta = token_rewards[:, t] + config.gamma * next_value - values[:, t]
-        advantage = delta + config.gamma * config.lam * next_advantage
+    for t in reversed(range(rewards.shape[1])):
+        if episode_ends is not None:
+            next_value = torch.where(episode_ends[:, t], 0.0, next_value)
+            next_advantage = torch.where(episode_ends[:, t], 0.0, next_advantage)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
         advantages[:, t] = torch.where(mask[:, t], advantage, 0.0)
         next_value = torch.where(mask[:, t], values[:, t], next_value)
         next_advantage = torch.where(mask[:, t], advantage, next_advantage)
+    return advantages
+
+
+def compute_gae(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config: AlgorithmConfig):
+    """GAE over the tokens of `adv_mask`: the TD recursion steps from a turn's last reply token straight to
+    the next turn's first one, so environment tokens are skipped."""
+    advantages = gae_recursion(token_rewards, values, adv_mask, config.gamma, config.lam)
     returns = (advantages + values) * adv_mask
     if config.whiten_advantages:
         advantages = masked_whiten(advantages, adv_mask)
@@ -118,30 +130,14 @@ def compute_bi_level_gae(*, token_rewards, values, adv_mask, turn_ends, group_id
     Turn level, over the turns' last tokens e_k: delta_k = r(e_k) + high_level_gamma * V(e_{k+1}) - V(e_k),
     A_k = delta_k + high_level_gamma * lam * A_{k+1}; the turn's return is G_k = A_k + V(e_k).
     Token level, within turn k: the last token's reward is G_k and nothing follows it; other tokens keep
-    their own reward. A turn's credit thus reaches its tokens with gamma, and earlier turns with high_level_gamma.
+    their own reward (a KL penalty, say). A turn's credit thus reaches its tokens with gamma, and earlier
+    turns with high_level_gamma.
     """
-    ends, mask = turn_ends.bool(), adv_mask.bool()
-    turn_returns = torch.zeros_like(token_rewards)  # G_k at e_k
-    next_value = torch.zeros_like(token_rewards[:, 0])
-    next_advantage = torch.zeros_like(next_value)
-    for t in reversed(range(token_rewards.shape[1])):
-        delta = token_rewards[:, t] + config.high_level_gamma * next_value - values[:, t]
-        advantage = delta + config.high_level_gamma * config.lam * next_advantage
-        turn_returns[:, t] = torch.where(ends[:, t], advantage + values[:, t], 0.0)
-        next_value = torch.where(ends[:, t], values[:, t], next_value)
-        next_advantage = torch.where(ends[:, t], advantage, next_advantage)
-
+    ends = turn_ends.bool()
+    turn_advantages = gae_recursion(token_rewards, values, ends, config.high_level_gamma, config.lam)
+    turn_returns = (turn_advantages + values) * ends  # G_k at e_k
     rewards = torch.where(ends, turn_returns, token_rewards)
-    advantages = torch.zeros_like(token_rewards)
-    next_value, next_advantage = torch.zeros_like(next_value), torch.zeros_like(next_advantage)
-    for t in reversed(range(token_rewards.shape[1])):
-        next_value = torch.where(ends[:, t], 0.0, next_value)  # a turn's last token ends its token-level episode
-        next_advantage = torch.where(ends[:, t], 0.0, next_advantage)
-        delta = rewards[:, t] + config.gamma * next_value - values[:, t]
-        advantage = delta + config.gamma * config.lam * next_advantage
-        advantages[:, t] = torch.where(mask[:, t], advantage, 0.0)
-        next_value = torch.where(mask[:, t], values[:, t], next_value)
-        next_advantage = torch.where(mask[:, t], advantage, next_advantage)
+    advantages = gae_recursion(rewards, values, adv_mask, config.gamma, config.lam, episode_ends=ends)
     returns = (advantages + values) * adv_mask
     if config.whiten_advantages:
         advantages = masked_whiten(advantages, adv_mask)
