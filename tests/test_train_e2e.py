@@ -88,6 +88,17 @@ def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected,
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
 
 
+def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path):
+    # the filter keeps 1 of 4 groups = one mini-batch of 4, split 2 + 2 over the ranks of actor and critic
+    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=2", "trainer.n_cpu_ranks_per_node=2",
+          "agent_proxy.max_turn=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
+    metrics = read_metrics(tmp_path)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["rollout/filter_kept_ratio"] == 0.25 and "critic/vf_loss" in m for m in metrics)
+    assert changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
+    assert ray_processes() == [], "the run left Ray processes behind"
+
+
 def test_bad_config_fails_before_loading_a_model(tmp_path):
     command = ["bash", str(REPO / "train.sh"), "sokoban", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
                "model_path=/nonexistent/model", f"hydra.run.dir={tmp_path}"]
