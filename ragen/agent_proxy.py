@@ -88,7 +88,7 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
     (`train/<tag>/...`, `val-env/<tag>/...`, RAGEN's names), including pass@k over each group."""
     batch_prefix, tag_prefix = ("rollout", "train") if split == "train" else ("val", "val-env")
     loss_mask = batch.batch["loss_mask"]
-    rewards = batch.batch["token_rewards"].sum(-1).numpy()
+    rewards = batch.batch["trajectory_rewards"].numpy()  # raw: before any reward normalisation
     metrics = {
         f"{batch_prefix}/reward_mean": float(rewards.mean()),
         f"{batch_prefix}/reward_std": float(rewards.std()),

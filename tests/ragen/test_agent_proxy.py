@@ -135,3 +135,14 @@ def test_rollout_reports_the_echo_trap_signal(tokenizer):
                           "ok ok ok ok ok</think><answer>dragon</answer>", max_turn=1)
     repetition = proxy.rollout(step=1).metrics["rollout/response_repetition"]
     assert 0.75 <= repetition < 1  # four identical replies: at least 3 of every 4 n-grams are repeats
+
+
+def test_reward_metrics_are_raw_rewards_even_when_normalised(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Bandit", CustomEnvConfig(env_type="bandit", max_actions_per_traj=1),
+                          "ok</think><answer>dragon</answer>", max_turn=1)
+    raw = proxy.rollout(step=1)
+    proxy.context.config.reward_normalization.grouping = "batch"
+    proxy.context.config.reward_normalization.method = "mean_std"
+    normalised = proxy.rollout(step=1)
+    assert normalised.metrics["rollout/reward_mean"] == raw.metrics["rollout/reward_mean"] != 0
+    assert normalised.batch.batch["token_rewards"].sum().item() == pytest.approx(0, abs=1e-5)  # what is trained on
