@@ -135,6 +135,16 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
     _check(cfg.agent_proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
     _check(cfg.agent_proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
     _check(bool(cfg.agent_proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
+    mode = cfg.trainer.resume_mode
+    _check(mode in ("auto", "disable") or (Path(mode) / "trainer_state.json").is_file(),
+           f"trainer.resume_mode={mode!r}: use auto, disable, or the path of a checkpoint (a global_step_N folder)")
+    _check(cfg.trainer.save_freq == -1 or cfg.trainer.save_freq >= 1, "trainer.save_freq must be >= 1, or -1")
+    _check(cfg.trainer.max_actor_ckpt_to_keep is None or cfg.trainer.max_actor_ckpt_to_keep >= 1,
+           "trainer.max_actor_ckpt_to_keep must be >= 1, or null to keep every checkpoint")
+    for key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
+        _check(optim.lr_scheduler in ("constant", "cosine"), f"{key}.lr_scheduler must be constant or cosine")
+        _check(optim.lr_warmup_steps >= 0 and 0 <= optim.min_lr_ratio <= 1,
+               f"{key}.lr_warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
     _check(actor.optim.lr > 0 and cfg.critic.optim.lr > 0, "actor_rollout_ref.actor.optim.lr and critic.optim.lr "
            "must be > 0")
 

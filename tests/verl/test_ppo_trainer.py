@@ -79,13 +79,14 @@ def test_a_step_runs_the_stages_in_order(tmp_path):
     trainer.fit()
     assert [(who, what) for who, what, _ in calls] == [
         ("actor", "compute_log_prob"), ("actor", "compute_ref_log_prob"), ("critic", "compute_values"),
-        ("critic", "update_critic"), ("actor", "update_actor"), ("actor", "save_model")]
+        ("critic", "update_critic"), ("actor", "update_actor"), ("actor", "save_checkpoint"),
+        ("critic", "save_checkpoint")]
 
 
 def test_without_critic_or_reference_those_stages_do_not_run(tmp_path):
     trainer, calls = make_trainer(tmp_path, [1.0, 0.0], algorithm=AlgorithmConfig(adv_estimator="grpo"), critic=False)
     trainer.fit()
-    assert [what for _, what, _ in calls] == ["compute_log_prob", "update_actor", "save_model"]
+    assert [what for _, what, _ in calls] == ["compute_log_prob", "update_actor", "save_checkpoint"]
 
 
 def test_critic_warmup_skips_the_actor_update(tmp_path):
@@ -125,7 +126,7 @@ def test_filter_runs_before_scoring(tmp_path):
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
     trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.5))
     trainer.fit()
-    assert {size for _, what, size in calls if what != "save_model"} == {4}
+    assert {size for _, what, size in calls if what != "save_checkpoint"} == {4}
 
 
 def test_advantages_are_added_with_their_mask(tmp_path):

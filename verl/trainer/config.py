@@ -13,6 +13,10 @@ class OptimConfig:
     lr: float = 1e-6  # AdamW learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 0.0  # 0 so that weights move only where the loss has a gradient
+    lr_scheduler: str = "constant"  # constant | cosine (to min_lr_ratio * lr at the last step); stepped once per update
+    lr_warmup_steps: int = 0  # linear warm-up from 0 over this many updates
+    min_lr_ratio: float = 0.0  # cosine only
+    total_training_steps: int = "${trainer.total_training_steps}"  # the cosine's length
 
 
 @dataclass
@@ -123,6 +127,9 @@ class TrainerConfig:
     test_freq: int = 10  # validate every this many steps (and after the last); -1: never during training
     val_before_train: bool = True  # validate the initial model first: the baseline of every val curve
     critic_warmup: int = 0  # train only the critic for this many steps first
+    save_freq: int = 20  # checkpoint every this many steps (and after the last); -1: only after the last
+    resume_mode: str = "auto"  # auto: from the latest checkpoint in default_local_dir, if any | disable | <path>
+    max_actor_ckpt_to_keep: int | None = None  # keep only the newest N checkpoints; None keeps all
     # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved
     rollout_data_dir: str | None = "${trainer.default_local_dir}/rollouts"
 

@@ -8,6 +8,7 @@ group exists only when the advantage estimator uses values; the reference policy
 import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -18,6 +19,7 @@ from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
 from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, apply_kl_penalty,
                                      explained_variance, group_index, group_mean_std, masked_mean, select_groups,
                                      turn_end_mask)
+from verl.utils import checkpoint
 from verl.utils.tracking import Tracking, write_jsonl
 
 
@@ -40,10 +42,14 @@ class PPOTrainer:
         self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
     def fit(self) -> None:
-        if self.val_agent is not None and self.config.val_before_train:
+        done = self.resume()
+        if done == 0 and self.val_agent is not None and self.config.val_before_train:
             self.tracker.log(self.validate(step=0), step=0)
         last = self.config.total_training_steps
-        for step in range(1, last + 1):
+        if done >= last:
+            print(f"the checkpoint is at step {done} >= trainer.total_training_steps={last}: nothing to train "
+                  "(trainer.resume_mode=disable starts over)", flush=True)
+        for step in range(done + 1, last + 1):
             metrics: dict[str, float] = {}
             with timed("step", metrics):
                 with timed("gen", metrics):
@@ -70,7 +76,8 @@ class PPOTrainer:
                         step % self.config.test_freq == 0 or step == last):
                     metrics |= self.validate(step)
             self.tracker.log(rollout.metrics | filter_metrics | adv_metrics | metrics, step)
-        self.save(last)
+            if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
+                self.save(step)
 
     def filter(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most."""
@@ -123,11 +130,34 @@ class PPOTrainer:
         if self.config.rollout_data_dir is not None:
             write_jsonl(os.path.join(self.config.rollout_data_dir, split, f"step_{step}.jsonl"), records)
 
-    def save(self, step: int) -> str:
-        path = os.path.join(self.config.default_local_dir, f"global_step_{step}", "actor")
-        self.actor_rollout_wg.save_model(path)
-        print(f"saved the actor to {path}", flush=True)
+    def save(self, step: int) -> Path:
+        """Checkpoint every worker group and the trainer's own state; atomic (see verl/utils/checkpoint.py)."""
+        staging = checkpoint.staging_dir(self.config.default_local_dir, step)
+        self.actor_rollout_wg.save_checkpoint(str(staging / "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.save_checkpoint(str(staging / "critic"))
+        path = checkpoint.commit(staging, step, {"step": step, "kl_coef": self.kl_ctrl.value},
+                                 keep=self.config.max_actor_ckpt_to_keep)
+        print(f"saved checkpoint {path}", flush=True)
         return path
+
+    def resume(self) -> int:
+        """Load the checkpoint `trainer.resume_mode` names; return its step (0: a fresh start).
+        Environment seeds and sampling seeds derive from the step, so the steps after it replay exactly."""
+        mode = self.config.resume_mode
+        if mode == "disable":
+            return 0
+        path = checkpoint.latest_checkpoint(self.config.default_local_dir) if mode == "auto" else Path(mode)
+        if path is None:
+            return 0
+        state = checkpoint.read_trainer_state(path)
+        self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.load_checkpoint(str(path / "critic"))
+        self.kl_ctrl.value = state["kl_coef"]
+        self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
+        print(f"resumed from {path} (step {state['step']})", flush=True)
+        return state["step"]
 
 
 def groups_per_multiple(samples_multiple: int, group_size: int) -> int:

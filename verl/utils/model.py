@@ -164,3 +164,24 @@ def load_value_model(path: str):
             return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
     except OSError as e:
         raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e
+
+
+def load_weights(model: torch.nn.Module, folder: str | Path) -> None:
+    """Load a `save_pretrained` folder's safetensors (one file or shards) into `model`, exactly.
+    Only a tied output embedding may be absent from the files (it shares the input embedding)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else ["model.safetensors"]
+    state = {}
+    for name in files:
+        state |= load_file(folder / name)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False)
+            if output is not None and p is output.weight and p is model.get_input_embeddings().weight}
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{folder} does not match the model: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")

@@ -33,6 +33,17 @@ class Tracking:
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
 
+    def truncate(self, after_step: int) -> None:
+        """Drop the logged rows of steps after `after_step` (a resumed run logs them again)."""
+        if "jsonl" in self.loggers and self.jsonl_path.is_file():
+            rows = []
+            for line in self.jsonl_path.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # the torn last line of a killed run
+                    continue
+            write_jsonl(self.jsonl_path, [row for row in rows if row["step"] <= after_step])
+
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     """Rows as JSON lines, written whole: a staging file renamed into place, so no reader sees half a file."""

@@ -18,8 +18,9 @@ from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
-from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer
-from verl.workers.ppo_update import ppo_update
+from verl.utils.checkpoint import load_train_state, save_train_state
+from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer, load_weights
+from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
 
@@ -34,9 +35,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.model = load_causal_lm(cfg.model.path, "float32").to(self.device)
         self.model.config.use_cache = False  # training forwards never reuse a KV cache
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.actor.optim.lr,
-                                           betas=tuple(cfg.actor.optim.betas),
-                                           weight_decay=cfg.actor.optim.weight_decay)
+        self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.actor.optim)
         self.ref_model = None
         if use_reference:  # the initial policy, frozen: KL is measured against it
             self.ref_model = load_causal_lm(cfg.model.path, "float32").to(self.device).eval().requires_grad_(False)
@@ -74,15 +73,24 @@ class ActorRolloutRefWorker(Worker):
                              micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
                              grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode=cfg.loss_agg_mode,
                              device=self.device, prefix="actor")
+        self.lr_scheduler.step()
         self.rollout.sync_weights(self.model.state_dict())
         return metrics
 
     @register(ONE_TO_ALL)
-    def save_model(self, path: str) -> None:
-        """Write the policy as a Hugging Face folder (safetensors) that `from_pretrained` loads."""
+    def save_checkpoint(self, path: str) -> None:
+        """The policy as a Hugging Face folder (safetensors; `from_pretrained` loads it) and each rank's
+        optimizer, LR-scheduler and RNG state, for an exact resume."""
         if self.rank == 0:
             self.model.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
+        save_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
+
+    @register(ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        load_weights(self.model, path)
+        load_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
+        self.rollout.sync_weights(self.model.state_dict())
 
     def _policy_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""

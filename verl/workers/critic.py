@@ -10,9 +10,10 @@ from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import CriticConfig
 from verl.trainer.core_algos import compute_value_loss, masked_mean
-from verl.utils.model import load_value_model
+from verl.utils.checkpoint import load_train_state, save_train_state
+from verl.utils.model import load_value_model, load_weights
 from verl.workers.actor import autocast
-from verl.workers.ppo_update import ppo_update
+from verl.workers.ppo_update import make_optimizer, ppo_update
 
 
 class CriticWorker(Worker):
@@ -25,8 +26,7 @@ class CriticWorker(Worker):
         cfg = self.config
         self.model = load_value_model(cfg.model.path).to(self.device)
         self.model.config.use_cache = False
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                           weight_decay=cfg.optim.weight_decay)
+        self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
 
     @register(DATA_PARALLEL)
     @torch.no_grad()
@@ -39,11 +39,25 @@ class CriticWorker(Worker):
     @register(DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         cfg = self.config
-        return ppo_update(self.model, self.optimizer, data, self._value_loss,
-                          mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
-                          micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
-                          grad_clip=cfg.grad_clip, mask_key="adv_mask", loss_agg_mode="token-mean",
-                          device=self.device, prefix="critic")
+        metrics = ppo_update(self.model, self.optimizer, data, self._value_loss,
+                             mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
+                             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
+                             grad_clip=cfg.grad_clip, mask_key="adv_mask", loss_agg_mode="token-mean",
+                             device=self.device, prefix="critic")
+        self.lr_scheduler.step()
+        return metrics
+
+    @register(ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """The value model as a Hugging Face folder and each rank's optimizer, LR-scheduler and RNG state."""
+        if self.rank == 0:
+            self.model.save_pretrained(path)
+        save_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
+
+    @register(ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        load_weights(self.model, path)
+        load_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
 
     def _value_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["adv_mask"]

@@ -6,12 +6,14 @@ by the mini-batch's total units across ranks, and gradients are summed across ra
 not depend on the micro-batch size or the number of ranks, only on the mini-batch.
 """
 
+import math
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.trainer.config import OptimConfig
 from verl.trainer.core_algos import LOSS_AGG_MODES
 
 # micro-batch tensors -> (the loss summed over its units, metrics of this micro-batch)
@@ -53,3 +55,20 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gra
     else:
         print(f"skipped an optimizer step: gradient norm is {grad_norm.item()}", flush=True)
     return grad_norm.item()
+
+
+def make_optimizer(model: torch.nn.Module, config: OptimConfig):
+    """AdamW over the trainable parameters and its LR schedule (stepped once per update call)."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                  betas=tuple(config.betas), weight_decay=config.weight_decay)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
+
+
+def lr_factor(step: int, config: OptimConfig) -> float:
+    """Multiplier of `lr` at update `step` (0-based): linear warm-up, then constant or cosine decay."""
+    if step < config.lr_warmup_steps:
+        return (step + 1) / config.lr_warmup_steps
+    if config.lr_scheduler == "constant":
+        return 1.0
+    progress = min(1.0, (step - config.lr_warmup_steps) / max(1, config.total_training_steps - config.lr_warmup_steps))
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,56 @@
+"""A real run killed with SIGKILL in the middle of a step resumes from its last checkpoint and replays
+exactly what an uninterrupted run does: the same start states, replies, rewards and weights."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tests.test_train_e2e import REPO, read_metrics, train
+
+ARGS = ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.backend=local", "agent_proxy.max_turn=2",
+        "trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.ppo_epochs=4",
+        "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_scheduler=cosine"]
+
+
+def records(run_dir: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rollouts" / "train" / f"step_{step}.jsonl").read_text().splitlines()]
+
+
+def kill_during_step(model_path: str, run_dir: Path, step: int) -> None:
+    """Start a run and SIGKILL it once step `step`'s rollout is on disk, before its update is saved."""
+    command = ["bash", str(REPO / "train.sh"), "sokoban", f"model_path={model_path}",
+               f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
+               "actor_rollout_ref.rollout.response_length=16", *ARGS]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    marker = run_dir / "rollouts" / "train" / f"step_{step}.jsonl"
+    deadline = time.monotonic() + 300
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def test_a_run_killed_mid_step_resumes_and_replays_exactly(tiny_model_path, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    train("sokoban", tiny_model_path, whole, *ARGS)
+
+    kill_during_step(tiny_model_path, killed, step=3)
+    assert (killed / "global_step_2" / "trainer_state.json").is_file()
+    assert not (killed / "global_step_3").exists(), "the run was not killed in the middle of step 3"
+    result = train("sokoban", tiny_model_path, killed, *ARGS)  # trainer.resume_mode=auto is the default
+    assert "resumed from" in result.stdout and "global_step_2" in result.stdout
+
+    assert records(killed, 3) == records(whole, 3)  # same seeds, replies, actions and rewards
+    assert [m["step"] for m in read_metrics(killed)] == [1, 2, 3]
+    for part in ("actor", "critic"):
+        a = load_file(whole / "global_step_3" / part / "model.safetensors")
+        b = load_file(killed / "global_step_3" / part / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), f"the resumed {part} differs from the uninterrupted one"
+    assert (killed / "latest_checkpointed_iteration.txt").read_text() == "3"
