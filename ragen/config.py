@@ -16,7 +16,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from ragen.envs import ENV_REGISTRY, check_env_config
-from verl.trainer.config import ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, RayConfig, TrainerConfig
+from verl.trainer.config import (ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, LoraConfig, RayConfig,
+                                 TrainerConfig)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class RagenConfig:
     model_path: str = "bundled:SmolLM2-135M-Instruct"  # bundled model, local HF folder, or hub id
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # for the actor; the critic trains in full
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -145,6 +147,9 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
         _check(optim.lr_scheduler in ("constant", "cosine"), f"{key}.lr_scheduler must be constant or cosine")
         _check(optim.lr_warmup_steps >= 0 and 0 <= optim.min_lr_ratio <= 1,
                f"{key}.lr_warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+    _check(cfg.lora.rank >= 0 and cfg.lora.alpha > 0, "lora.rank must be >= 0 (0: off) and lora.alpha > 0")
+    _check(isinstance(cfg.lora.target_modules, list) or cfg.lora.target_modules == "all-linear",
+           f"lora.target_modules={cfg.lora.target_modules!r}: use all-linear or a list such as [q_proj,v_proj]")
     _check(actor.optim.lr > 0 and cfg.critic.optim.lr > 0, "actor_rollout_ref.actor.optim.lr and critic.optim.lr "
            "must be > 0")
 

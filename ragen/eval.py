@@ -1,7 +1,7 @@
 """Evaluate a model on the validation environments: `python -m ragen.eval --config-name sokoban model_path=...`.
 
-`model_path` takes anything training takes: a checkpoint's actor folder
-(`checkpoints/<project>/<experiment>/global_step_N/actor`), any Hugging Face folder, a hub id in the local
+`model_path` takes anything training takes: a training checkpoint
+(`checkpoints/<project>/<experiment>/global_step_N`, meaning its actor), any Hugging Face folder, a hub id in the local
 cache, or the bundled model. The environments are `es_manager.val` (by default the recipe's training
 tags at fixed seeds; `es_manager.val.group_size=k` samples k trajectories per start state for pass@k),
 sampled with `actor_rollout_ref.rollout.val_kwargs` — exactly what the trainer's validation runs. Prints

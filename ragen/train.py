@@ -46,9 +46,9 @@ def run(cfg: RagenConfig) -> None:
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     with worker_backend(cfg):
-        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, cfg.actor_rollout_ref, ranks)
+        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks)
         actor_rollout_wg.init_model(use_reference=use_reference)
-        critic_wg = make_worker_group(cfg, CriticWorker, cfg.critic, ranks) if use_critic else None
+        critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks) if use_critic else None
         if critic_wg is not None:
             critic_wg.init_model()
         agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
@@ -58,10 +58,10 @@ def run(cfg: RagenConfig) -> None:
                    tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch)).fit()
 
 
-def make_worker_group(cfg: RagenConfig, worker_cls: type, config, ranks: int):
+def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int):
     if cfg.trainer.backend == "local":
-        return LocalWorkerGroup(worker_cls, config)
-    return RayWorkerGroup(worker_cls, config, world_size=ranks, num_cpus=cfg.ray.num_cpus_per_worker,
+        return LocalWorkerGroup(worker_cls, *configs)
+    return RayWorkerGroup(worker_cls, *configs, world_size=ranks, num_cpus=cfg.ray.num_cpus_per_worker,
                           num_gpus=GPU_SHARE if torch.cuda.is_available() else 0)
 
 

@@ -131,3 +131,23 @@ def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_pat
     assert all(1 <= len(r["turns"]) <= 2 for r in records)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["val-env/SimpleSokoban/num_turns"] == pytest.approx(sum(len(r["turns"]) for r in records) / 4)
+
+
+def test_lora_run_then_eval_of_its_checkpoint(tiny_model_path, tmp_path):
+    # KL loss to the reference = the same model with the adapter off; the merged export is what eval loads
+    train("sokoban", tiny_model_path, tmp_path, "lora.rank=8", "lora.save_merged=true", "algo=starpo",
+          "trainer.total_training_steps=1", "trainer.backend=local", "agent_proxy.max_turn=2",
+          "trainer.val_before_train=false", "trainer.test_freq=-1", "actor_rollout_ref.actor.optim.lr=1e-3")
+    (metrics,) = read_metrics(tmp_path)
+    assert 0 < metrics["actor/kl_loss"] < 1e-2  # 0 at the first of 4 mini-batches, then the adapter moves
+    checkpoint = tmp_path / "global_step_1"
+    assert (checkpoint / "actor" / "adapter_model.safetensors").is_file()
+    assert not (checkpoint / "actor" / "model.safetensors").exists()  # no full copy of the weights
+    assert changed_tensors(tiny_model_path, checkpoint / "actor_merged")
+    command = ["python", "-m", "ragen.eval", "--config-name", "sokoban", f"model_path={checkpoint}",
+               f"hydra.run.dir={tmp_path / 'eval'}", "actor_rollout_ref.rollout.response_length=16",
+               "agent_proxy.max_turn=2", "es_manager.val.env_groups=2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[1].split()[0] == "SimpleSokoban"

@@ -6,6 +6,7 @@ receives its own sub-config, never the root.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -23,6 +24,16 @@ class OptimConfig:
 class ModelConfig:
     path: str = "${model_path}"  # resolved at start-up (bundled model, local folder or hub id)
     dtype: str = "bfloat16"  # compute dtype of forward passes (bf16 autocast); master weights stay fp32
+
+
+@dataclass
+class LoraConfig:
+    """LoRA RL (PEFT): only low-rank adapters train; the reference policy is the model with them switched off."""
+
+    rank: int = 0  # 0: full fine-tuning
+    alpha: int = 16
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names, e.g. [q_proj, v_proj]
+    save_merged: bool = False  # also write global_step_N/actor_merged/, a full model with the adapter merged
 
 
 @dataclass

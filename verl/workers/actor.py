@@ -1,5 +1,5 @@
 """ActorRolloutRefWorker: the policy being trained, the rollout engine that samples from it, and the
-frozen reference policy (loaded only when KL is on).
+frozen reference policy (loaded only when KL is on; with LoRA it is the same model with the adapter off).
 
 One instance per rank. The actor keeps fp32 master weights and runs its forward passes under bf16
 autocast; the rollout engine keeps its own copy in the rollout dtype and is re-synced after every update.
@@ -16,18 +16,20 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
-from verl.trainer.config import ActorRolloutRefConfig
+from verl.trainer.config import ActorRolloutRefConfig, LoraConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
+from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merged_state_dict, save_adapter, save_merged
 from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer, load_weights
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, config: ActorRolloutRefConfig, *, rank: int, world_size: int, init_method: str | None):
+    def __init__(self, config: ActorRolloutRefConfig, lora: LoraConfig | None = None, *, rank: int, world_size: int,
+                 init_method: str | None):
         super().__init__(rank, world_size, init_method)
-        self.config = config
+        self.config, self.lora = config, lora or LoraConfig()
 
     @register(ONE_TO_ALL)
     def init_model(self, use_reference: bool = False) -> None:
@@ -35,14 +37,18 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.model = load_causal_lm(cfg.model.path, "float32").to(self.device)
         self.model.config.use_cache = False  # training forwards never reuse a KV cache
+        if self.lora.rank > 0:
+            self.model = apply_lora(self.model, rank=self.lora.rank, alpha=self.lora.alpha,
+                                    target_modules=self.lora.target_modules)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.actor.optim)
         self.ref_model = None
-        if use_reference:  # the initial policy, frozen: KL is measured against it
+        if use_reference and self.lora.rank == 0:  # the initial policy, frozen (with LoRA: adapter off)
             self.ref_model = load_causal_lm(cfg.model.path, "float32").to(self.device).eval().requires_grad_(False)
             self.ref_model.config.use_cache = False
+        self.use_reference = use_reference
         engine_cls = ROLLOUT_ENGINES[cfg.rollout.name]
         self.rollout = engine_cls(cfg.model.path, self.tokenizer, cfg.rollout.dtype, self.device)
-        self.rollout.sync_weights(self.model.state_dict())
+        self.rollout.sync_weights(self.rollout_weights())
 
     @register(DATA_PARALLEL)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -61,7 +67,10 @@ class ActorRolloutRefWorker(Worker):
     @register(DATA_PARALLEL)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the sampled tokens under the reference policy, for the KL loss or KL penalty."""
-        assert self.ref_model is not None, "init_model(use_reference=True) loads the reference policy"
+        assert self.use_reference, "init_model(use_reference=True) sets up the reference policy"
+        if self.lora.rank > 0:
+            with adapter_disabled(self.model) as reference:
+                return DataProto(batch={"ref_log_probs": self._score(reference, data)})
         return DataProto(batch={"ref_log_probs": self._score(self.ref_model, data)})
 
     @register(DATA_PARALLEL)
@@ -74,7 +83,7 @@ class ActorRolloutRefWorker(Worker):
                              grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode=cfg.loss_agg_mode,
                              device=self.device, prefix="actor")
         self.lr_scheduler.step()
-        self.rollout.sync_weights(self.model.state_dict())
+        self.rollout.sync_weights(self.rollout_weights())
         return metrics
 
     @register(ONE_TO_ALL)
@@ -82,15 +91,28 @@ class ActorRolloutRefWorker(Worker):
         """The policy as a Hugging Face folder (safetensors; `from_pretrained` loads it) and each rank's
         optimizer, LR-scheduler and RNG state, for an exact resume."""
         if self.rank == 0:
-            self.model.save_pretrained(path)
+            if self.lora.rank > 0:
+                save_adapter(self.model, path)
+                if self.lora.save_merged:
+                    save_merged(self.model, f"{path}_merged")
+                    self.tokenizer.save_pretrained(f"{path}_merged")
+            else:
+                self.model.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
         save_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        load_weights(self.model, path)
+        if self.lora.rank > 0:
+            load_adapter_weights(self.model, path)
+        else:
+            load_weights(self.model, path)
         load_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
-        self.rollout.sync_weights(self.model.state_dict())
+        self.rollout.sync_weights(self.rollout_weights())
+
+    def rollout_weights(self) -> dict[str, torch.Tensor]:
+        """What the rollout engine samples with: the policy's weights, LoRA adapters merged in."""
+        return merged_state_dict(self.model) if self.lora.rank > 0 else self.model.state_dict()
 
     def _policy_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""

@@ -271,7 +271,7 @@ def test_two_ranks_update_like_one(ray_cluster, tiny_model_path, tokenizer, tmp_
     metrics_one, metrics_two = one.update_actor(batch), two.update_actor(batch)
 
     assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-5)
-    two.save_model(str(tmp_path))
+    two.save_checkpoint(str(tmp_path))
     saved = load_file(tmp_path / "model.safetensors")  # rank 0's weights
     assert saved.keys() == before.keys()
     assert_same_update(before, params(one), saved)
