@@ -150,6 +150,11 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
     _check(cfg.lora.rank >= 0 and cfg.lora.alpha > 0, "lora.rank must be >= 0 (0: off) and lora.alpha > 0")
     _check(isinstance(cfg.lora.target_modules, list) or cfg.lora.target_modules == "all-linear",
            f"lora.target_modules={cfg.lora.target_modules!r}: use all-linear or a list such as [q_proj,v_proj]")
+    _check(rollout.log_prob_micro_batch_size_per_gpu >= 1 and cfg.critic.forward_micro_batch_size_per_gpu >= 1,
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu and critic.forward_micro_batch_size_per_gpu "
+           "must be >= 1")
+    _check(actor.grad_clip > 0 and cfg.critic.grad_clip > 0,
+           "actor_rollout_ref.actor.grad_clip and critic.grad_clip must be > 0 (the max gradient norm)")
     _check(actor.optim.lr > 0 and cfg.critic.optim.lr > 0, "actor_rollout_ref.actor.optim.lr and critic.optim.lr "
            "must be > 0")
 

@@ -18,6 +18,7 @@ from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
 from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
+from verl.single_controller.worker_group import gpu_placement_group
 from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.utils.model import eos_token_ids, load_tokenizer, max_context_length, resolve_model_path
@@ -46,9 +47,11 @@ def run(cfg: RagenConfig) -> None:
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     with worker_backend(cfg):
-        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks)
+        gpus = gpu_placement_group(ranks, 2 * cfg.ray.num_cpus_per_worker) \
+            if cfg.trainer.backend == "ray" and torch.cuda.is_available() else None
+        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks, gpus)
         actor_rollout_wg.init_model(use_reference=use_reference)
-        critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks) if use_critic else None
+        critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks, gpus) if use_critic else None
         if critic_wg is not None:
             critic_wg.init_model()
         agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
@@ -58,11 +61,12 @@ def run(cfg: RagenConfig) -> None:
                    tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch)).fit()
 
 
-def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int):
+def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int, gpus=None):
+    """`gpus`: a placement group with one GPU per rank, shared rank by rank by the actor and critic groups."""
     if cfg.trainer.backend == "local":
         return LocalWorkerGroup(worker_cls, *configs)
     return RayWorkerGroup(worker_cls, *configs, world_size=ranks, num_cpus=cfg.ray.num_cpus_per_worker,
-                          num_gpus=GPU_SHARE if torch.cuda.is_available() else 0)
+                          num_gpus=GPU_SHARE if gpus is not None else 0, placement_group=gpus)
 
 
 def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> AgentProxy:

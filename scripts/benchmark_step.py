@@ -67,10 +67,10 @@ def main() -> None:
     print(f"update (fwd+bwd+step, micro-batch {args.micro_batch}): {n} x {t} tokens: "
           f"{n * t / update_seconds:7.1f} tokens/s ({update_seconds:.1f} s)")
 
-    critic = CriticWorker(CriticConfig(model=ModelConfig(path=path), ppo_mini_batch_size=n, ppo_epochs=1,
-                                       ppo_micro_batch_size_per_gpu=args.micro_batch,
-                                       forward_micro_batch_size_per_gpu=config.rollout.log_prob_micro_batch_size_per_gpu),
-                          rank=0, world_size=1, init_method=None)
+    critic_config = CriticConfig(model=ModelConfig(path=path), ppo_mini_batch_size=n, ppo_epochs=1,
+                                 ppo_micro_batch_size_per_gpu=args.micro_batch,
+                                 forward_micro_batch_size_per_gpu=config.rollout.log_prob_micro_batch_size_per_gpu)
+    critic = CriticWorker(critic_config, rank=0, world_size=1, init_method=None)
     critic.init_model()
     start = time.perf_counter()
     data = data.union(critic.compute_values(data))

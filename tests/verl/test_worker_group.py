@@ -55,3 +55,26 @@ def test_local_group_runs_in_process():
     assert group.worker.offset == 1  # the very object: a breakpoint in a worker stops here
     with pytest.raises(AttributeError, match="not a registered worker method"):
         group.not_registered()
+
+
+class GpuReport(Worker):
+    def gpu_ids(self) -> list:
+        import ray
+
+        return ray.get_gpu_ids()
+
+
+def test_two_groups_on_one_placement_group_share_each_gpu_rank_by_rank():
+    ray = pytest.importorskip("ray")
+    from verl.single_controller.worker_group import gpu_placement_group
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, configure_logging=False)  # GPUs Ray believes in
+    try:
+        gpus = gpu_placement_group(world_size=2, num_cpus=1)
+        groups = [RayWorkerGroup(type(f"Gpu{i}", (GpuReport,), {}), world_size=2, num_cpus=0.5, num_gpus=0.5,
+                                 placement_group=gpus) for i in range(2)]
+        ids = [ray.get([a.gpu_ids.remote() for a in group.actors]) for group in groups]
+        assert ids[0][0] != ids[0][1]  # the two ranks of one group never share a GPU
+        assert ids[0] == ids[1]  # rank i of the actor and rank i of the critic do
+    finally:
+        ray.shutdown()

@@ -8,6 +8,7 @@ group how to spread one call over the ranks and how to gather the answers:
 """
 
 import os
+import socket
 from typing import Any, Callable
 
 import numpy as np
@@ -33,14 +34,26 @@ class Worker:
 
     def __init__(self, rank: int, world_size: int, init_method: str | None):
         self.rank, self.world_size = rank, world_size
-        self.device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() \
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         if self.device.type == "cpu":
             # Ray pins actors with fractional CPUs to one thread; share the machine's cores instead.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        if world_size > 1:
+        if init_method is not None:
+            self.init_distributed(init_method)
+
+    def init_distributed(self, init_method: str) -> None:
+        if self.world_size > 1:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+
+    def master_address(self) -> str:
+        """Where rank 0 listens for the others: its own node's address and a port free there."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return f"tcp://{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
 
 
 def split_args(dispatch: str, world_size: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:

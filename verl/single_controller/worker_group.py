@@ -5,7 +5,6 @@ and gathers the answers. RayWorkerGroup runs each rank as a Ray actor; LocalWork
 rank in this process, so a breakpoint in a worker stops right there (and no Ray is needed).
 """
 
-import socket
 from typing import Any
 
 from verl.single_controller.base import collect, split_args
@@ -40,14 +39,25 @@ class LocalWorkerGroup(WorkerGroup):
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, worker_cls: type, *args, world_size: int, num_cpus: float, num_gpus: float, **kwargs):
+    """Rank i runs as a Ray actor; with a placement group, on its bundle i. Two groups given the same
+    placement group (actor and critic) thus share each GPU rank by rank, never two ranks of one group."""
+
+    def __init__(self, worker_cls: type, *args, world_size: int, num_cpus: float, num_gpus: float,
+                 placement_group=None, **kwargs):
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         super().__init__(worker_cls, world_size)
-        init_method = f"tcp://{ray.util.get_node_ip_address()}:{_free_port()}"
         remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(worker_cls)
-        self.actors = [remote_cls.remote(*args, rank=rank, world_size=world_size, init_method=init_method, **kwargs)
-                       for rank in range(world_size)]
+        self.actors = []
+        for rank in range(world_size):
+            options = {} if placement_group is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group, placement_group_bundle_index=rank)}
+            self.actors.append(remote_cls.options(**options).remote(*args, rank=rank, world_size=world_size,
+                                                                     init_method=None, **kwargs))
+        # torch.distributed meets at rank 0's node, which may not be the driver's
+        init_method = ray.get(self.actors[0].master_address.remote())
+        ray.get([actor.init_distributed.remote(init_method) for actor in self.actors])
 
     def _run(self, name, per_rank):
         import ray
@@ -56,7 +66,10 @@ class RayWorkerGroup(WorkerGroup):
                         for actor, (args, kwargs) in zip(self.actors, per_rank)])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def gpu_placement_group(world_size: int, num_cpus: float):
+    """One bundle per rank (a whole GPU and the CPUs of the workers on it), ready before it is returned."""
+    import ray
+
+    group = ray.util.placement_group([{"GPU": 1, "CPU": num_cpus}] * world_size, strategy="PACK")
+    ray.get(group.ready())
+    return group

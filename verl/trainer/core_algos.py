@@ -202,9 +202,10 @@ def compute_gigpo(*, token_rewards, values, adv_mask, turn_ends, group_ids, stat
         running = torch.where(ends[:, t], token_rewards[:, t] + config.high_level_gamma * running, running)
         step_returns[:, t] = torch.where(ends[:, t], running, 0.0)
 
-    rows, cols = ends.nonzero(as_tuple=True)  # one entry per turn
-    keys = np.stack([group_index(group_ids).numpy()[rows.cpu().numpy()], state_ids[rows, cols].cpu().numpy()], 1)
-    _, anchor = np.unique(keys, axis=0, return_inverse=True)
+    rows, cols = ends.nonzero(as_tuple=True)  # (K,) each: one entry per turn of the batch
+    groups = group_index(group_ids).numpy()[rows.cpu().numpy()]  # (K,) the turn's trajectory group
+    keys = np.stack([groups, state_ids[rows, cols].cpu().numpy()], axis=1)  # (K, 2): (group, state answered)
+    _, anchor = np.unique(keys, axis=0, return_inverse=True)  # (K,) turns with equal keys share an anchor
     turn_returns = step_returns[rows, cols]
     means, stds = group_mean_std(turn_returns, torch.as_tensor(anchor.reshape(-1), device=turn_returns.device))
     step_adv = turn_returns - means
@@ -293,7 +294,7 @@ def compute_policy_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     loss = max(-A r, -A clip(r)); for A < 0 additionally min(that, -A * clip_ratio_c), so a huge ratio on
     a bad token cannot produce an unbounded loss (Ye et al., 2020).
     """
-    ratio = torch.exp(log_probs - old_log_probs)  # (B, T)
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-20, 20))  # (B, T); exp(88) would overflow to inf
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     clip_loss = torch.maximum(unclipped, clipped)

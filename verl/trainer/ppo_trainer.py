@@ -36,7 +36,8 @@ class PPOTrainer:
         """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
         many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps."""
         self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
-        self.actor_rollout_wg, self.critic_wg, self.agent, self.val_agent = actor_rollout_wg, critic_wg, agent, val_agent
+        self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
+        self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
         ctrl = algorithm.kl_ctrl
         self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
@@ -87,8 +88,9 @@ class PPOTrainer:
         _, stds = group_mean_std(rewards, index)
         group_stds = torch.zeros(int(index.max()) + 1).index_put_((index,), stds)  # (G,)
         group_size = len(batch) // len(group_stds)
+        multiple = groups_per_multiple(self.samples_multiple, group_size)
         kept = select_groups(group_stds, cfg.rollout_filter_ratio, cfg.rollout_filter_type,
-                             cfg.rollout_filter_strategy, multiple=groups_per_multiple(self.samples_multiple, group_size))
+                             cfg.rollout_filter_strategy, multiple=multiple)
         keep = np.isin(index.numpy(), kept.numpy())
         metrics = {"rollout/in_group_std": group_stds.mean().item(),
                    "rollout/chosen_in_group_std": group_stds[kept].mean().item(),
@@ -116,7 +118,8 @@ class PPOTrainer:
             metrics |= {"critic/returns_mean": masked_mean(returns, adv_mask).item(),
                         "critic/values_mean": masked_mean(values, adv_mask).item(),
                         "critic/explained_variance": explained_variance(values, returns, adv_mask)}
-        return batch.union(DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})), metrics
+        added = DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})
+        return batch.union(added), metrics
 
     def validate(self, step: int) -> dict[str, float]:
         """Play the validation set (the same start states every time) with the validation sampling."""

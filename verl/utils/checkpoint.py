@@ -76,7 +76,8 @@ def read_trainer_state(path: str | Path) -> dict:
 
 def save_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimizer, scheduler) -> None:
     """One rank's optimizer, LR scheduler and random streams."""
-    state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()}
+    state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
     torch.save(state, Path(path) / f"train_state_rank{rank}.pt")

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "rollout/in_group_std",
-                "actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/vf_loss", "val/reward_mean", "val/success_rate", "timing_s/gen", "timing_s/update_actor",
-                "timing_s/val", "timing_s/step"]
+                "actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/vf_loss", "val/reward_mean",
+                "val/success_rate", "timing_s/gen", "timing_s/update_actor", "timing_s/val", "timing_s/step"]
 
 
 class Tracking:

@@ -19,7 +19,8 @@ from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig, LoraConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
-from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merged_state_dict, save_adapter, save_merged
+from verl.utils.lora import (adapter_disabled, apply_lora, load_adapter_weights, merged_state_dict, save_adapter,
+                             save_merged)
 from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer, load_weights
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
