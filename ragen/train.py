@@ -21,6 +21,7 @@ from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
 from verl.single_controller.worker_group import gpu_placement_group
 from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
+from verl.utils import memory
 from verl.utils.model import eos_token_ids, load_tokenizer, max_context_length, resolve_model_path
 from verl.utils.tracking import Tracking
 from verl.workers.actor import ActorRolloutRefWorker
@@ -46,6 +47,7 @@ def run(cfg: RagenConfig) -> None:
     actor = cfg.actor_rollout_ref.actor
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    check_memory(cfg, ranks, use_critic, use_reference)
     with worker_backend(cfg):
         gpus = gpu_placement_group(ranks, 2 * cfg.ray.num_cpus_per_worker) \
             if cfg.trainer.backend == "ray" and torch.cuda.is_available() else None
@@ -59,6 +61,29 @@ def run(cfg: RagenConfig) -> None:
         mini_batch = np.lcm(actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size if use_critic else 1)
         PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
                    tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch)).fit()
+
+
+def check_memory(cfg: RagenConfig, ranks: int, use_critic: bool, use_reference: bool) -> None:
+    """Print the per-rank memory estimate (verl/utils/memory.py); stop if it exceeds what a rank has."""
+    actor, rollout, lora = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.lora
+    shape = memory.model_shape(cfg.actor_rollout_ref.model.path)
+    trainable = memory.lora_params(cfg.actor_rollout_ref.model.path, lora.rank, lora.target_modules) / shape.params \
+        if lora.rank > 0 else 1.0
+    tokens = 500 + cfg.agent_proxy.max_turn * (rollout.response_length + 150)  # an upper guess of a trajectory
+    parts = memory.estimate_per_rank(
+        shape, world_size=ranks, sharded=False, trainable_fraction=trainable, reference=use_reference and lora.rank == 0,
+        critic=use_critic, rollout_bytes=2 if rollout.dtype != "float32" else 4,
+        micro_batch=max(actor.ppo_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size_per_gpu),
+        tokens=min(tokens, rollout.max_model_len or tokens),
+        checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing)
+    total = sum(parts.values())
+    available = memory.available_per_rank(ranks // cfg.trainer.nnodes)
+    print(f"[ragen] memory per rank (estimate): {total:.1f} GiB of {available:.1f} GiB = "
+          + ", ".join(f"{k} {v:.2f}" for k, v in parts.items() if v), flush=True)
+    if total > available:
+        raise ConfigError(f"the estimated {total:.1f} GiB per rank exceed the {available:.1f} GiB a rank has: use "
+                          "more ranks (trainer.n_gpus_per_node / nnodes), lora.rank > 0, smaller micro-batches, or "
+                          "actor_rollout_ref.model.enable_gradient_checkpointing=true")
 
 
 def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int, gpus=None):

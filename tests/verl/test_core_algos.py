@@ -17,7 +17,8 @@ import torch
 
 from verl.trainer.config import AlgorithmConfig
 from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, KL_PENALTIES, LOSS_AGG_MODES,
-                                     AdaptiveKLController, agg_loss, apply_kl_penalty, compute_policy_loss,
+                                     AdaptiveKLController, agg_loss, apply_kl_penalty, balanced_order,
+                                     compute_policy_loss,
                                      compute_value_loss, entropy_from_logits, explained_variance, masked_mean,
                                      normalize_scores, select_groups, span_mask, turn_end_mask)
 
@@ -749,3 +750,14 @@ def test_masked_mean_of_an_empty_mask_is_zero():
 def test_entropy_of_uniform_logits_is_log_vocab():
     assert_close(entropy_from_logits(torch.zeros(2, 3, 10)), torch.full((2, 3), math.log(10)))
     assert_close(entropy_from_logits(torch.tensor([[[0.0, -1e4]]])), [[0.0]])  # one sure token
+
+
+@pytest.mark.parametrize("lengths, n_parts", [([5, 1, 4, 2, 3, 3], 2), ([9, 1, 1, 1, 8, 2, 2, 2], 4), ([7] * 6, 3)])
+def test_balanced_order_is_a_permutation_with_near_equal_token_shares(lengths, n_parts):
+    order = balanced_order(lengths, n_parts)
+    assert sorted(order) == list(range(len(lengths)))
+    size = len(lengths) // n_parts
+    shares = [sum(lengths[i] for i in order[p * size:(p + 1) * size]) for p in range(n_parts)]
+    assert max(shares) - min(shares) <= max(lengths) - min(lengths)  # no worse than one swap apart
+    contiguous = [sum(lengths[p * size:(p + 1) * size]) for p in range(n_parts)]
+    assert max(shares) - min(shares) <= max(contiguous) - min(contiguous)  # never worse than the plain split

@@ -41,6 +41,8 @@ class ScriptedAgent:
 class RecordingWorkers:
     """Stands in for a worker group: records the calls and the batch sizes, returns fixed tensors."""
 
+    world_size = 1
+
     def __init__(self, calls: list, name: str):
         self.calls, self.name = calls, name
 
@@ -149,3 +151,14 @@ def test_kl_in_reward_penalises_every_generated_token(tmp_path):
     assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)
     # adaptive: the error 0.5 / 1 - 1 = -0.5 is clipped to -0.2; 2 samples of a 10-sample horizon
     assert trainer.kl_ctrl.value == pytest.approx(0.1 * (1 - 0.2 * 2 / 10))
+
+
+def test_two_ranks_get_shares_of_equal_tokens(tmp_path):
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0, 1.0, 0.0])
+    trainer.actor_rollout_wg.world_size = 2
+    batch = rollout_batch([1.0, 0.0, 1.0, 0.0], group_size=2)
+    batch.batch["attention_mask"] = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 0, 0]])  # 3, 1, 3, 1 tokens
+    balanced = trainer.balance(batch)
+    first, second = balanced.chunk(2)
+    assert first.batch["attention_mask"].sum() == second.batch["attention_mask"].sum() == 4
+    assert sorted(balanced.batch["trajectory_rewards"].tolist()) == [0.0, 0.0, 1.0, 1.0]  # a permutation

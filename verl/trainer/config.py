@@ -24,6 +24,7 @@ class OptimConfig:
 class ModelConfig:
     path: str = "${model_path}"  # resolved at start-up (bundled model, local folder or hub id)
     dtype: str = "bfloat16"  # compute dtype of forward passes (bf16 autocast); master weights stay fp32
+    enable_gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~30% slower
 
 
 @dataclass
@@ -90,7 +91,8 @@ class ActorRolloutRefConfig:
 class CriticConfig:
     """The value model: the policy's architecture with a scalar head, trained on the GAE returns."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(
+        enable_gradient_checkpointing="${actor_rollout_ref.model.enable_gradient_checkpointing}"))
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # trajectories per optimizer step
     ppo_micro_batch_size_per_gpu: int = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"
     forward_micro_batch_size_per_gpu: int = "${actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu}"

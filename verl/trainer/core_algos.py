@@ -392,3 +392,18 @@ def apply_kl_penalty(token_rewards: torch.Tensor, old_log_probs: torch.Tensor, r
     """r_t - kl_coef * KL_t on every generated token; also returns the batch's mean per-token KL."""
     kl = KL_PENALTIES[kl_penalty](old_log_probs, ref_log_probs) * loss_mask
     return token_rewards - kl_coef * kl, float(masked_mean(kl, loss_mask))
+
+
+# ---- load balance --------------------------------------------------------------------------------
+def balanced_order(lengths: list[int], n_parts: int) -> list[int]:
+    """A permutation of the samples whose `n_parts` equal-count contiguous chunks (one per rank) carry
+    nearly equal total tokens: longest first, each to the chunk with the fewest tokens that has room."""
+    assert len(lengths) % n_parts == 0, "every rank gets the same number of samples"
+    room = len(lengths) // n_parts
+    parts: list[list[int]] = [[] for _ in range(n_parts)]
+    tokens = [0] * n_parts
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        part = min((p for p in range(n_parts) if len(parts[p]) < room), key=lambda p: tokens[p])
+        parts[part].append(i)
+        tokens[part] += lengths[i]
+    return [i for part in parts for i in sorted(part)]

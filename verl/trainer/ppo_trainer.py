@@ -16,7 +16,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
-from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, apply_kl_penalty,
+from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, apply_kl_penalty, balanced_order,
                                      explained_variance, group_index, group_mean_std, masked_mean, select_groups,
                                      turn_end_mask)
 from verl.utils import checkpoint
@@ -57,6 +57,7 @@ class PPOTrainer:
                     rollout = self.agent.rollout(step)
                     self.save_records(rollout.records, "train", step)
                 batch, filter_metrics = self.filter(rollout.batch)
+                batch = self.balance(batch)
                 with timed("old_log_prob", metrics):
                     batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
                 if self.use_reference:
@@ -96,6 +97,11 @@ class PPOTrainer:
                    "rollout/chosen_in_group_std": group_stds[kept].mean().item(),
                    "rollout/filter_kept_ratio": len(kept) / len(group_stds)}
         return batch[keep], metrics
+
+    def balance(self, batch: DataProto) -> DataProto:
+        """Reorder so that every rank's share of the batch holds about the same number of tokens."""
+        ranks = self.actor_rollout_wg.world_size
+        return batch[balanced_order(batch.batch["attention_mask"].sum(-1).tolist(), ranks)] if ranks > 1 else batch
 
     def compute_advantage(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         algo, metrics = self.algorithm, {}

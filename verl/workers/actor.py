@@ -38,6 +38,8 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.model = load_causal_lm(cfg.model.path, "float32").to(self.device)
         self.model.config.use_cache = False  # training forwards never reuse a KV cache
+        if cfg.model.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora.rank > 0:
             self.model = apply_lora(self.model, rank=self.lora.rank, alpha=self.lora.alpha,
                                     target_modules=self.lora.target_modules)

@@ -26,6 +26,8 @@ class CriticWorker(Worker):
         cfg = self.config
         self.model = load_value_model(cfg.model.path).to(self.device)
         self.model.config.use_cache = False
+        if cfg.model.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
 
     @register(DATA_PARALLEL)

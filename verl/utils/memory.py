@@ -1,0 +1,74 @@
+"""A start-up estimate of the memory one rank needs, so that a run that cannot fit stops before loading.
+
+The count is deliberately simple (bytes per parameter, plus the largest activations of one micro-batch):
+- a trained model: fp32 weights (4), fp32 gradients (4) and AdamW's two moments (8) per trainable
+  parameter, 4 per frozen one; sharded over the ranks when the workers shard (FSDP);
+- the rollout engine's copy of the policy in its dtype, whole on every rank;
+- the reference policy (fp32, frozen), unless LoRA provides it by switching the adapter off;
+- activations of one micro-batch: the fp32 logits and their softmax over the vocabulary (3 copies), and
+  per layer ~34 bytes per hidden unit and token in bf16 (Korthikanti et al., 2022), or ~2 with
+  gradient checkpointing.
+It is an estimate, printed with its parts; the tokens per trajectory are an upper guess from the config.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+GIB = 1024**3
+
+
+@dataclass
+class ModelShape:
+    params: int
+    hidden: int
+    layers: int
+    vocab: int
+
+
+def model_shape(path: str) -> ModelShape:
+    """Parameter count and sizes from the config alone (the model is built on the meta device)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    text = config.get_text_config()
+    return ModelShape(params=sum(p.numel() for p in model.parameters()), hidden=text.hidden_size,
+                      layers=text.num_hidden_layers, vocab=text.vocab_size)
+
+
+def lora_params(path: str, rank: int, target_modules) -> int:
+    """Parameters of a LoRA adapter: rank * (in + out) for every adapted linear layer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    output = model.get_output_embeddings()
+    return sum(rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and m is not output
+               and (target_modules == "all-linear" or name.split(".")[-1] in target_modules))
+
+
+def estimate_per_rank(shape: ModelShape, *, world_size: int, sharded: bool, trainable_fraction: float,
+                      reference: bool, critic: bool, rollout_bytes: int, micro_batch: int, tokens: int,
+                      checkpointing: bool) -> dict[str, float]:
+    """GiB per rank, by part."""
+    share = 1 / world_size if sharded else 1.0
+    trainable = shape.params * trainable_fraction
+    trained = (4 * shape.params + 12 * trainable) * share
+    activation_per_layer = (2 if checkpointing else 34) * micro_batch * tokens * shape.hidden
+    activations = 3 * 4 * micro_batch * tokens * shape.vocab + shape.layers * activation_per_layer
+    parts = {"actor weights + optimizer": trained, "rollout copy": rollout_bytes * shape.params,
+             "reference": 4 * shape.params * share if reference else 0.0,
+             "critic weights + optimizer": 16 * shape.params * share if critic else 0.0,
+             "activations of one micro-batch": activations}
+    return {k: v / GIB for k, v in parts.items()}
+
+
+def available_per_rank(ranks_per_node: int) -> float:
+    """GiB one rank may use: its GPU's memory, or this machine's RAM split over the node's ranks."""
+    if torch.cuda.is_available():
+        return torch.cuda.mem_get_info()[1] / GIB
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ranks_per_node
