@@ -2,8 +2,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from verl.utils.lora import (adapter_disabled, apply_lora, load_adapter_weights, merged_state_dict, save_adapter,
-                             save_merged)
+from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
 from verl.utils.model import load_causal_lm
 
 LINEAR_LAYERS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -67,7 +66,7 @@ def test_tied_lm_head_cannot_be_adapted(base_model):
         apply_lora(base_model, rank=4, alpha=8, target_modules=["q_proj", "lm_head"])
 
 
-def test_merged_state_dict_after_an_update_matches_and_leaves_the_model_unchanged(tiny_model_path, base_model,
+def test_merged_weights_after_an_update_match_and_leave_the_model_unchanged(tiny_model_path, base_model,
                                                                                   input_ids):
     base_keys = set(base_model.state_dict())
     base_logits = logits_of(base_model, input_ids)
@@ -83,7 +82,7 @@ def test_merged_state_dict_after_an_update_matches_and_leaves_the_model_unchange
     assert not torch.allclose(adapted_logits, base_logits, atol=1e-3)  # the step moved the policy
     state_before = {k: v.clone() for k, v in peft_model.state_dict().items()}
 
-    merged = merged_state_dict(peft_model)
+    merged = merge_lora(peft_model.state_dict(), scale=16 / 4)
 
     assert set(merged) == base_keys
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
@@ -110,8 +109,12 @@ def test_adapter_disabled_is_the_base_model(base_model, input_ids):
 def test_save_and_load_adapter_roundtrip(tmp_path, tiny_model_path, input_ids):
     trained = apply_lora(load_causal_lm(tiny_model_path).eval(), rank=4, alpha=8, target_modules="all-linear")
     randomize_adapter(trained, seed=1)
-    save_adapter(trained, tmp_path)
+    save_adapter(trained, trained.state_dict(), tmp_path)
     assert {p.name for p in tmp_path.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    from peft import PeftModel  # PEFT's own loader reads it: the files are in PEFT's format
+
+    loaded = PeftModel.from_pretrained(load_causal_lm(tiny_model_path).eval(), str(tmp_path))
+    assert torch.equal(logits_of(loaded, input_ids), logits_of(trained, input_ids))
 
     resumed = apply_lora(load_causal_lm(tiny_model_path).eval(), rank=4, alpha=8, target_modules="all-linear")
     randomize_adapter(resumed, seed=2)  # any values: the load must overwrite every adapter tensor
@@ -124,12 +127,12 @@ def test_save_and_load_adapter_roundtrip(tmp_path, tiny_model_path, input_ids):
         load_adapter_weights(other_rank, tmp_path)
 
 
-def test_save_merged_loads_as_a_plain_model(tmp_path, base_model, input_ids):
+def test_merged_export_loads_as_a_plain_model(tmp_path, base_model, input_ids):
     peft_model = apply_lora(base_model, rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
     randomize_adapter(peft_model, seed=1)
     adapted_logits = logits_of(peft_model, input_ids)
 
-    save_merged(peft_model, tmp_path)
+    peft_model.get_base_model().save_pretrained(tmp_path, state_dict=merge_lora(peft_model.state_dict(), 8 / 4))
 
     plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     torch.testing.assert_close(logits_of(plain, input_ids), adapted_logits, atol=1e-5, rtol=0)

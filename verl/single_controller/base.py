@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.utils.fsdp import init_single_rank_group
 
 ONE_TO_ALL = "one_to_all"
 DATA_PARALLEL = "data_parallel"
@@ -36,16 +37,20 @@ class Worker:
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-        if self.device.type == "cpu":
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # FSDP's device mesh uses the current device
+        else:
             # Ray pins actors with fractional CPUs to one thread; share the machine's cores instead.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        if init_method is not None:
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if world_size == 1:  # FSDP shards over a group even alone: one code path for any number of ranks
+            init_single_rank_group(self.backend)
+        elif init_method is not None:
             self.init_distributed(init_method)
 
     def init_distributed(self, init_method: str) -> None:
         if self.world_size > 1:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
 
     def master_address(self) -> str:
         """Where rank 0 listens for the others: its own node's address and a port free there."""

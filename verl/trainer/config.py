@@ -25,6 +25,7 @@ class ModelConfig:
     path: str = "${model_path}"  # resolved at start-up (bundled model, local folder or hub id)
     dtype: str = "bfloat16"  # compute dtype of forward passes (bf16 autocast); master weights stay fp32
     enable_gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~30% slower
+    cpu_offload: bool = False  # FSDP keeps the weight shards, gradients and optimizer step in CPU memory (for GPUs)
 
 
 @dataclass

@@ -80,6 +80,7 @@ def save_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimiz
              "torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
+    Path(path).mkdir(parents=True, exist_ok=True)  # ranks other than 0 may get here before rank 0's weights
     torch.save(state, Path(path) / f"train_state_rank{rank}.pt")
 
 

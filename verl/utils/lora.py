@@ -4,10 +4,11 @@
   stay frozen in the same module.
 - The reference policy is that same model with the adapter switched off (`adapter_disabled`), which is
   exactly the initial policy, since a fresh adapter's B is zero. No second copy of the weights is loaded.
-- The rollout engine knows nothing of adapters: `merged_state_dict` gives it W + (alpha / rank) * B @ A
-  under the base model's own key names, computed next to the live weights, which stay unmerged.
-- A checkpoint holds the adapter only (`save_adapter`, `load_adapter_weights` for resume); `save_merged`
-  writes a full model folder that `AutoModelForCausalLM.from_pretrained` loads.
+- The rollout engine knows nothing of adapters: `merge_lora` gives it W + (alpha / rank) * B @ A under
+  the base model's own key names, computed next to the live weights, which stay unmerged.
+- A checkpoint holds the adapter only (`save_adapter`, `load_adapter_weights` for resume); the merged
+  weights saved with the base model's `save_pretrained` make a folder `from_pretrained` loads.
+All of them work on whole state dicts, so the model may be sharded with FSDP (verl/utils/fsdp.py).
 """
 
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from typing import Iterator
 import torch
 
 ADAPTER = "default"  # PEFT's name for the single adapter we train
+PREFIX = "base_model.model."  # where a PEFT model keeps the wrapped model
 INIT_SEED = 0  # every rank (and every run) draws the same lora_A
 
 
@@ -45,24 +47,26 @@ def apply_lora(model: torch.nn.Module, *, rank: int, alpha: int, target_modules:
 
 
 @torch.no_grad()
-def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
-    """The weights the adapted model computes with, under the base model's keys: W + (alpha / rank) * B @ A.
+def merge_lora(weights: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """The weights the adapted model computes with, W + scale * B @ A (scale = alpha / rank), under the
+    base model's own keys, from the PEFT model's whole state dict (`verl.utils.fsdp.full_state_dict`).
 
     The keys are exactly those of the unwrapped model's `state_dict()` (no `base_model.model.` prefix, no
     `.base_layer`, no lora_ tensors), so a rollout engine or a plain `AutoModelForCausalLM` loads them.
-    The delta is computed by PEFT's own `get_delta_weight` into new tensors; the model is not touched
-    (merging in place and unmerging would not restore W bit for bit). Unadapted weights are shared, not
-    copied.
+    New tensors: the live weights stay unmerged (merging in place and unmerging is not exact).
     """
-    adapted = {f"{name}.base_layer.weight": module for name, module in _lora_layers(peft_model)}
     merged = {}
-    for key, tensor in peft_model.get_base_model().state_dict().items():
-        if any(part.startswith("lora_") for part in key.split(".")):
+    for key, tensor in weights.items():
+        if ".lora_" in key:
             continue
-        if key in adapted:
-            assert not adapted[key].merged, f"{key}: the adapter is merged in place, W already holds it"
-            tensor = tensor + adapted[key].get_delta_weight(ADAPTER).to(tensor.dtype)
-        merged[key.replace(".base_layer.", ".")] = tensor
+        name = key.removeprefix(PREFIX)
+        if ".base_layer." in key:
+            layer = key[:key.index(".base_layer.")]
+            if key.endswith(".weight"):
+                lora_a, lora_b = weights[f"{layer}.lora_A.{ADAPTER}.weight"], weights[f"{layer}.lora_B.{ADAPTER}.weight"]
+                tensor = tensor + (scale * (lora_b.float() @ lora_a.float())).to(tensor.dtype)
+            name = name.replace(".base_layer.", ".")
+        merged[name] = tensor
     return merged
 
 
@@ -77,35 +81,39 @@ def adapter_disabled(peft_model) -> Iterator[torch.nn.Module]:
         yield peft_model
 
 
-def save_adapter(peft_model, path: str | Path) -> None:
-    """Write adapter_config.json and adapter_model.safetensors (the LoRA tensors only) to `path`."""
-    # False: never look up the base model (on the Hub) to decide whether to save the full embeddings too
-    peft_model.save_pretrained(str(path), save_embedding_layers=False)
+def save_adapter(peft_model, weights: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Write adapter_config.json and adapter_model.safetensors (the LoRA tensors only, PEFT's format, which
+    `PeftModel.from_pretrained` loads) from the model's whole state dict."""
+    from safetensors.torch import save_file
+
+    adapter = {key.replace(f".{ADAPTER}.", "."): tensor.contiguous() for key, tensor in weights.items()
+               if ".lora_" in key}
+    Path(path).mkdir(parents=True, exist_ok=True)
+    save_file(adapter, str(Path(path) / "adapter_model.safetensors"))
+    peft_model.peft_config[ADAPTER].save_pretrained(str(path))
 
 
 def load_adapter_weights(peft_model, path: str | Path) -> None:
-    """Load the adapter saved by `save_adapter` at `path` into `peft_model`, in place, for resuming.
+    """Load the adapter saved by `save_adapter` at `path` into the (sharded) `peft_model`, in place.
 
     The saved adapter must have the live one's rank, alpha and target modules; the values are copied
     bit for bit, so a resumed run continues exactly (restore the optimizer state alongside).
     """
-    from peft import LoraConfig, set_peft_model_state_dict
+    from peft import LoraConfig
     from safetensors.torch import load_file
+
+    from verl.utils.fsdp import load_full_state_dict
 
     saved, live = LoraConfig.from_pretrained(str(path)), peft_model.peft_config[ADAPTER]
     for field in ("r", "lora_alpha", "target_modules"):
         if getattr(saved, field) != getattr(live, field):
             raise ValueError(f"the adapter at {path} has {field}={getattr(saved, field)!r} but the model was "
                              f"built with {getattr(live, field)!r}; resume with the run's lora settings")
-    state = load_file(str(Path(path) / "adapter_model.safetensors"))
-    result = set_peft_model_state_dict(peft_model, state, adapter_name=ADAPTER)
-    missing = [key for key in result.missing_keys if "lora_" in key]
-    assert not missing and not result.unexpected_keys, (missing, result.unexpected_keys)
-
-
-def save_merged(peft_model, path: str | Path) -> None:
-    """Write a plain Hugging Face model folder with the merged weights; the live model stays unmerged."""
-    peft_model.get_base_model().save_pretrained(str(path), state_dict=merged_state_dict(peft_model))
+    state = {key.replace(".lora_A.", f".lora_A.{ADAPTER}.").replace(".lora_B.", f".lora_B.{ADAPTER}."): tensor
+             for key, tensor in load_file(str(Path(path) / "adapter_model.safetensors")).items()}
+    expected = {key for key in peft_model.state_dict() if ".lora_" in key}
+    assert set(state) == expected, (sorted(set(state) ^ expected))[:4]
+    load_full_state_dict(peft_model, state, strict=False)
 
 
 def _lora_layers(peft_model) -> Iterator[tuple[str, torch.nn.Module]]:

@@ -180,9 +180,9 @@ def load_value_model(path: str):
         raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e
 
 
-def load_weights(model: torch.nn.Module, folder: str | Path) -> None:
-    """Load a `save_pretrained` folder's safetensors (one file or shards) into `model`, exactly.
-    Only a tied output embedding may be absent from the files (it shares the input embedding)."""
+def read_weights(model: torch.nn.Module, folder: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of a `save_pretrained` folder (one safetensors file or shards), checked against `model`'s
+    parameter names. Only a tied output embedding may be absent (it shares the input embedding)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -192,10 +192,18 @@ def load_weights(model: torch.nn.Module, folder: str | Path) -> None:
     state = {}
     for name in files:
         state |= load_file(folder / name)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    tied = {n for n, p in model.named_parameters(remove_duplicate=False)
-            if output is not None and p is output.weight and p is model.get_input_embeddings().weight}
-    if unexpected or set(missing) - tied:
-        raise ValueError(f"{folder} does not match the model: missing {sorted(set(missing) - tied)}, "
+    expected = set(model.state_dict())
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing, unexpected = expected - set(state) - tied, set(state) - expected
+    if missing or unexpected:
+        raise ValueError(f"{folder} does not match the model: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
+    return state
+
+
+def untied(weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Whole weights as `save_pretrained` writes them: a tied output embedding is left out (it is the input
+    embedding; gathered from FSDP shards it comes back as a separate copy)."""
+    if not getattr(config, "tie_word_embeddings", False):
+        return weights
+    return {k: v for k, v in weights.items() if not k.endswith("lm_head.weight")}

@@ -1,15 +1,15 @@
 """ActorRolloutRefWorker: the policy being trained, the rollout engine that samples from it, and the
 frozen reference policy (loaded only when KL is on; with LoRA it is the same model with the adapter off).
 
-One instance per rank. The actor keeps fp32 master weights and runs its forward passes under bf16
-autocast; the rollout engine keeps its own copy in the rollout dtype and is re-synced after every update.
+One instance per rank. The actor is sharded over the ranks with FSDP2 (verl/utils/fsdp.py): fp32 master
+weights, forward passes in `model.dtype` (bf16); the rollout engine keeps its own whole copy in the
+rollout dtype and is re-synced after every update.
 
 Batches are right-padded token sequences (B, T) with `loss_mask` on the generated tokens; per-token
 tensors are aligned with `input_ids`, so `log_probs[:, t]` is log pi(token_t | tokens_<t) and column 0,
 which no token predicts, is zero.
 """
 
-from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -19,9 +19,9 @@ from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig, LoraConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
-from verl.utils.lora import (adapter_disabled, apply_lora, load_adapter_weights, merged_state_dict, save_adapter,
-                             save_merged)
-from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer, load_weights
+from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
+from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
+from verl.utils.model import load_causal_lm, load_tokenizer, read_weights, untied
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
@@ -43,11 +43,13 @@ class ActorRolloutRefWorker(Worker):
         if self.lora.rank > 0:
             self.model = apply_lora(self.model, rank=self.lora.rank, alpha=self.lora.alpha,
                                     target_modules=self.lora.target_modules)
+        shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.actor.optim)
         self.ref_model = None
         if use_reference and self.lora.rank == 0:  # the initial policy, frozen (with LoRA: adapter off)
             self.ref_model = load_causal_lm(cfg.model.path, "float32").to(self.device).eval().requires_grad_(False)
             self.ref_model.config.use_cache = False
+            shard_model(self.ref_model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
         self.use_reference = use_reference
         engine_cls = ROLLOUT_ENGINES[cfg.rollout.name]
         self.rollout = engine_cls(cfg.model.path, self.tokenizer, cfg.rollout.dtype, self.device)
@@ -93,14 +95,18 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """The policy as a Hugging Face folder (safetensors; `from_pretrained` loads it) and each rank's
         optimizer, LR-scheduler and RNG state, for an exact resume."""
+        weights = full_state_dict(self.model)  # a collective: every rank takes part, rank 0 writes
+        if self.lora.rank > 0:
+            merged = merge_lora(weights, self.lora.alpha / self.lora.rank)
         if self.rank == 0:
             if self.lora.rank > 0:
-                save_adapter(self.model, path)
+                save_adapter(self.model, weights, path)
                 if self.lora.save_merged:
-                    save_merged(self.model, f"{path}_merged")
+                    base = self.model.get_base_model()
+                    base.save_pretrained(f"{path}_merged", state_dict=untied(merged, base.config))
                     self.tokenizer.save_pretrained(f"{path}_merged")
             else:
-                self.model.save_pretrained(path)
+                self.model.save_pretrained(path, state_dict=untied(weights, self.model.config))
             self.tokenizer.save_pretrained(path)
         save_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
 
@@ -109,13 +115,14 @@ class ActorRolloutRefWorker(Worker):
         if self.lora.rank > 0:
             load_adapter_weights(self.model, path)
         else:
-            load_weights(self.model, path)
+            load_full_state_dict(self.model, read_weights(self.model, path))
         load_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
         self.rollout.sync_weights(self.rollout_weights())
 
     def rollout_weights(self) -> dict[str, torch.Tensor]:
-        """What the rollout engine samples with: the policy's weights, LoRA adapters merged in."""
-        return merged_state_dict(self.model) if self.lora.rank > 0 else self.model.state_dict()
+        """What the rollout engine samples with: the policy's whole weights, LoRA adapters merged in."""
+        weights = full_state_dict(self.model)
+        return merge_lora(weights, self.lora.alpha / self.lora.rank) if self.lora.rank > 0 else weights
 
     def _policy_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""
@@ -141,25 +148,20 @@ class ActorRolloutRefWorker(Worker):
     def _score(self, model: torch.nn.Module, data: DataProto) -> torch.Tensor:
         model.eval()
         micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
-        return torch.cat([self._forward(model, micro.to(self.device).batch, with_entropy=False)[0]
-                          for micro in data.split(micro_size)]).cpu()
+        log_probs = torch.cat([self._forward(model, micro.to(self.device).batch, with_entropy=False)[0]
+                               for micro in data.split(micro_size)]).cpu()
+        model.reshard()  # no backward follows: free the root's gathered weights
+        return log_probs
 
     def _forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked."""
-        input_ids = batch["input_ids"]  # (B, T)
-        with autocast(self.device, self.config.model.dtype):
-            logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
-                           position_ids=batch["position_ids"]).logits  # (B, T, V)
+        input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
+        logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits  # (B, T, V)
         logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
         log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
         log_probs = torch.nn.functional.pad(log_probs, (1, 0))  # (B, T): token 0 has no prediction
         entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
         return log_probs, entropy
 
-
-def autocast(device: torch.device, dtype: str):
-    """Forward passes in `dtype` over fp32 master weights; float32 runs plain fp32."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=DTYPES[dtype])

@@ -11,8 +11,8 @@ from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import CriticConfig
 from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
-from verl.utils.model import load_value_model, load_weights
-from verl.workers.actor import autocast
+from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
+from verl.utils.model import load_value_model, read_weights
 from verl.workers.ppo_update import make_optimizer, ppo_update
 
 
@@ -28,6 +28,7 @@ class CriticWorker(Worker):
         self.model.config.use_cache = False
         if cfg.model.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
 
     @register(DATA_PARALLEL)
@@ -36,6 +37,7 @@ class CriticWorker(Worker):
         self.model.eval()
         values = [self._forward(micro.to(self.device).batch)
                   for micro in data.split(self.config.forward_micro_batch_size_per_gpu)]
+        self.model.reshard()  # no backward follows: free the root's gathered weights
         return DataProto(batch={"values": torch.cat(values).cpu()})
 
     @register(DATA_PARALLEL)
@@ -52,13 +54,14 @@ class CriticWorker(Worker):
     @register(ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """The value model as a Hugging Face folder and each rank's optimizer, LR-scheduler and RNG state."""
+        weights = full_state_dict(self.model)  # a collective: every rank takes part, rank 0 writes
         if self.rank == 0:
-            self.model.save_pretrained(path)
+            self.model.save_pretrained(path, state_dict=weights)
         save_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        load_weights(self.model, path)
+        load_full_state_dict(self.model, read_weights(self.model, path))
         load_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
 
     def _value_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -71,8 +74,7 @@ class CriticWorker(Worker):
         return (losses * mask).sum(), metrics
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with autocast(self.device, self.config.model.dtype):
-            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             position_ids=batch["position_ids"]).logits  # (B, T, 1)
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"]).logits  # (B, T, 1)
         values = out[:, :-1, 0].float()  # position t - 1 holds V(tokens < t)
         return torch.nn.functional.pad(values, (1, 0))  # (B, T)

@@ -2,8 +2,8 @@
 
 A mini-batch is one optimizer step. Its loss is aggregated over the whole mini-batch on every rank
 together (`loss_agg_mode` decides the units: tokens or sequences): each micro-batch's summed loss is divided
-by the mini-batch's total units across ranks, and gradients are summed across ranks. So the update does
-not depend on the micro-batch size or the number of ranks, only on the mini-batch.
+by the mini-batch's total units across ranks, and FSDP sums the gradients across ranks (verl/utils/fsdp.py).
+So the update does not depend on the micro-batch size or the number of ranks, only on the mini-batch.
 """
 
 import math
@@ -15,6 +15,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.trainer.config import OptimConfig
 from verl.trainer.core_algos import LOSS_AGG_MODES
+from verl.utils.fsdp import clip_grad_norm
 
 # micro-batch tensors -> (the loss summed over its units, metrics of this micro-batch)
 MicroLoss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -31,8 +32,7 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
             optimizer.zero_grad()
             micros = [micro.to(device) for micro in mini.split(micro_batch_size)]
             units = sum(LOSS_AGG_MODES[loss_agg_mode](m.batch[mask_key], m.batch[mask_key])[1] for m in micros)
-            if dist.is_initialized():
-                dist.all_reduce(units)
+            dist.all_reduce(units)  # the mini-batch's units on all ranks together
             for micro in micros:
                 loss_sum, metrics = micro_loss(micro.batch)
                 (loss_sum / units.clamp(min=1)).backward()
@@ -44,17 +44,14 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
-    """Sum gradients over ranks, clip, step; skip the step (and say so) on a non-finite gradient."""
-    if dist.is_initialized():
-        for p in model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if torch.isfinite(grad_norm):
+    """Clip (FSDP has already summed the gradient shards over ranks) and step; skip the step, and say
+    so, on a non-finite gradient norm, which every rank sees alike."""
+    grad_norm = clip_grad_norm(model, grad_clip)
+    if math.isfinite(grad_norm):
         optimizer.step()
     else:
-        print(f"skipped an optimizer step: gradient norm is {grad_norm.item()}", flush=True)
-    return grad_norm.item()
+        print(f"skipped an optimizer step: gradient norm is {grad_norm}", flush=True)
+    return grad_norm
 
 
 def make_optimizer(model: torch.nn.Module, config: OptimConfig):

@@ -2,17 +2,19 @@
 into micro-batches or ranks), log-probs and values are aligned with input_ids, the reference policy is the
 initial policy, and the critic fits its returns."""
 
-import copy
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, LlamaForTokenClassification
 
 from verl.protocol import DataProto
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
 from verl.trainer.config import (ActorConfig, ActorRolloutRefConfig, CriticConfig, ModelConfig, OptimConfig,
                                  RolloutConfig)
+from verl.utils.fsdp import full_state_dict
+from verl.utils.model import load_value_model
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
 
@@ -70,13 +72,18 @@ def local_critic(model_path: str, **critic) -> LocalWorkerGroup:
     return group
 
 
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A worker's parameters and gradients are FSDP shards (DTensors); with one rank the shard is all."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def params(group: LocalWorkerGroup) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in group.worker.model.named_parameters()}
+    return {k: whole(v.detach()).clone() for k, v in group.worker.model.named_parameters()}
 
 
 def grads(group: LocalWorkerGroup) -> dict[str, torch.Tensor]:
     """The last mini-batch's gradient (ppo_update zeroes it before, not after, a step)."""
-    return {k: v.grad.clone() for k, v in group.worker.model.named_parameters()}
+    return {k: whole(v.grad).clone() for k, v in group.worker.model.named_parameters()}
 
 
 def leave_stale_gradients(group: LocalWorkerGroup) -> None:
@@ -141,7 +148,7 @@ def test_actor_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, t
                  for micro in (1, 4))
     batch = make_batch(tokenizer)
     batch = batch.union(one.compute_log_prob(batch))
-    before, initial_model = params(one), copy.deepcopy(one.worker.model)
+    before, initial_model = params(one), AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     for group in (one, four):
         leave_stale_gradients(group)
     metrics_one, metrics_four = one.update_actor(batch), four.update_actor(batch)
@@ -152,7 +159,7 @@ def test_actor_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, t
     assert metrics_one["actor/grad_norm"] == pytest.approx(metrics_four["actor/grad_norm"], rel=1e-5)
     assert_same_update(before, params(one), params(four))
     rollout_weights = four.worker.rollout.model.state_dict()  # fp32 here, so an exact copy
-    assert all(torch.equal(rollout_weights[k], v) for k, v in four.worker.model.state_dict().items()), \
+    assert all(torch.equal(rollout_weights[k], v) for k, v in full_state_dict(four.worker.model).items()), \
         "the rollout engine still samples from the old policy"
 
 
@@ -162,7 +169,7 @@ def test_critic_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, 
     assert_same_tensors(params(one), params(four), rel=0)  # the same value head
     batch = make_batch(tokenizer)
     batch = batch.union(one.compute_values(batch))
-    before, initial_model = params(one), copy.deepcopy(one.worker.model)
+    before, initial_model = params(one), load_value_model(tiny_model_path)  # the same fixed-seed value head
     for group in (one, four):
         leave_stale_gradients(group)
     metrics_one, metrics_four = one.update_critic(batch), four.update_critic(batch)
@@ -193,7 +200,7 @@ def test_log_probs_are_aligned_with_input_ids(tiny_model_path, tokenizer):
 def test_values_are_aligned_with_input_ids_and_deterministic(tiny_model_path, tokenizer):
     critic = local_critic(tiny_model_path)
     model = critic.worker.model
-    assert type(model).__name__ == "LlamaForTokenClassification" and model.config.num_labels == 1
+    assert isinstance(model, LlamaForTokenClassification) and model.config.num_labels == 1
     assert model.score.out_features == 1  # a scalar value head
 
     batch = make_batch(tokenizer)
