@@ -63,7 +63,8 @@ def merge_lora(weights: dict[str, torch.Tensor], scale: float) -> dict[str, torc
         if ".base_layer." in key:
             layer = key[:key.index(".base_layer.")]
             if key.endswith(".weight"):
-                lora_a, lora_b = weights[f"{layer}.lora_A.{ADAPTER}.weight"], weights[f"{layer}.lora_B.{ADAPTER}.weight"]
+                lora_a = weights[f"{layer}.lora_A.{ADAPTER}.weight"]  # (rank, in)
+                lora_b = weights[f"{layer}.lora_B.{ADAPTER}.weight"]  # (out, rank)
                 tensor = tensor + (scale * (lora_b.float() @ lora_a.float())).to(tensor.dtype)
             name = name.replace(".base_layer.", ".")
         merged[name] = tensor

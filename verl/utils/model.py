@@ -151,17 +151,25 @@ def max_context_length(path: str) -> int:
     return int(length)
 
 
-def load_causal_lm(path: str, dtype: str = "float32"):
+def attention_implementation(compute_dtype: str) -> str:
+    """flash-attention 2 on a CUDA GPU computing in bf16 when the `flash_attn` package is installed, else
+    PyTorch's scaled-dot-product attention (which picks its own fused kernel)."""
+    if compute_dtype == "bfloat16" and torch.cuda.is_available() and importlib.util.find_spec("flash_attn"):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
     except OSError as e:
         raise ModelNotFoundError(f"could not load model {path!r}: {e}. With HF_HUB_OFFLINE=1 a hub id must "
                                  "already be in the local Hugging Face cache") from e
 
 
-def load_value_model(path: str):
+def load_value_model(path: str, attn_implementation: str = "sdpa"):
     """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
 
     The backbone comes from the checkpoint at `path`; the head is new, drawn from a fixed seed, so every
@@ -175,7 +183,8 @@ def load_value_model(path: str):
     try:
         with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
             torch.manual_seed(0)
-            return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+            return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
+                                                                   attn_implementation=attn_implementation)
     except OSError as e:
         raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e
 

@@ -21,7 +21,7 @@ from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import load_causal_lm, load_tokenizer, read_weights, untied
+from verl.utils.model import attention_implementation, load_causal_lm, load_tokenizer, read_weights, untied
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
@@ -36,7 +36,8 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, use_reference: bool = False) -> None:
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model.path)
-        self.model = load_causal_lm(cfg.model.path, "float32").to(self.device)
+        attention = attention_implementation(cfg.model.dtype)
+        self.model = load_causal_lm(cfg.model.path, "float32", attention).to(self.device)
         self.model.config.use_cache = False  # training forwards never reuse a KV cache
         if cfg.model.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -47,7 +48,8 @@ class ActorRolloutRefWorker(Worker):
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.actor.optim)
         self.ref_model = None
         if use_reference and self.lora.rank == 0:  # the initial policy, frozen (with LoRA: adapter off)
-            self.ref_model = load_causal_lm(cfg.model.path, "float32").to(self.device).eval().requires_grad_(False)
+            self.ref_model = load_causal_lm(cfg.model.path, "float32", attention).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
             self.ref_model.config.use_cache = False
             shard_model(self.ref_model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
         self.use_reference = use_reference

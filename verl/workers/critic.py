@@ -12,7 +12,7 @@ from verl.trainer.config import CriticConfig
 from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
-from verl.utils.model import load_value_model, read_weights
+from verl.utils.model import attention_implementation, load_value_model, read_weights
 from verl.workers.ppo_update import make_optimizer, ppo_update
 
 
@@ -24,7 +24,7 @@ class CriticWorker(Worker):
     @register(ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
-        self.model = load_value_model(cfg.model.path).to(self.device)
+        self.model = load_value_model(cfg.model.path, attention_implementation(cfg.model.dtype)).to(self.device)
         self.model.config.use_cache = False
         if cfg.model.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
