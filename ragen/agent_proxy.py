@@ -15,6 +15,7 @@ from ragen.config import AgentProxyConfig
 from ragen.context_manager import ContextManager, Trajectory
 from ragen.env_state_manager import EnvState, EnvStateManager
 from verl.protocol import DataProto
+from verl.trainer.ppo_trainer import progress
 from verl.workers.rollout import SamplingParams
 
 
@@ -36,7 +37,7 @@ class AgentProxy:
         trajectories = [self.context.start(s.tag, s.obs, s.actions_left) for s in states]
         records = [trajectory_record(s, step, self.split) for s in states]
         self._check_first_prompts(states, trajectories)
-        for turn in range(self.config.max_turn):
+        for turn in progress(range(self.config.max_turn), desc=f"{self.split} rollout turns", leave=False):
             active = [s for s in states if not s.done]
             if not active:
                 break

@@ -75,11 +75,22 @@ class AgentProxyConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """The HTML trajectory browser (ragen/trajectory_browser.py); RAGEN's key names."""
+
+    log_images: bool = True  # write trajectory pages with the rendered states every log_image_step_size steps
+    log_image_dir: str = "log/trajectory"  # pages go to <log_image_dir>/<experiment>/step_<N>/; serve with http.server
+    log_image_step_size: int = 4
+    log_n_image_per_batch: int = 32  # trajectories per logged step, spread over the start states; -1: all
+
+
+@dataclass
 class RagenConfig:
     model_path: str = "bundled:SmolLM2-135M-Instruct"  # bundled model, local HF folder, or hub id
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)  # for the actor; the critic trains in full
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -147,6 +158,9 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
         _check(optim.lr_scheduler in ("constant", "cosine"), f"{key}.lr_scheduler must be constant or cosine")
         _check(optim.lr_warmup_steps >= 0 and 0 <= optim.min_lr_ratio <= 1,
                f"{key}.lr_warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+    _check(cfg.logging.log_image_step_size >= 1, "logging.log_image_step_size must be >= 1")
+    _check(cfg.logging.log_n_image_per_batch >= 1 or cfg.logging.log_n_image_per_batch == -1,
+           "logging.log_n_image_per_batch must be >= 1, or -1 for every trajectory")
     _check(cfg.lora.rank >= 0 and cfg.lora.alpha > 0, "lora.rank must be >= 0 (0: off) and lora.alpha > 0")
     _check(isinstance(cfg.lora.target_modules, list) or cfg.lora.target_modules == "all-linear",
            f"lora.target_modules={cfg.lora.target_modules!r}: use all-linear or a list such as [q_proj,v_proj]")

@@ -7,6 +7,7 @@ every exit path, Ctrl-C and errors included.
 
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import hydra
 import numpy as np
@@ -14,6 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from ragen.agent_proxy import AgentProxy
+from ragen.plot import plot_run
+from ragen.trajectory_browser import write_index, write_step
 from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
 from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
@@ -40,7 +43,6 @@ def world_size(cfg: RagenConfig) -> int:
 def run(cfg: RagenConfig) -> None:
     ranks = world_size(cfg)
     validate(cfg, ranks)
-    tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir)
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     cfg.critic.model.path = resolve_model_path(cfg.critic.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
@@ -48,7 +50,9 @@ def run(cfg: RagenConfig) -> None:
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     check_memory(cfg, ranks, use_critic, use_reference)
-    with worker_backend(cfg):
+    tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
+                       cfg.trainer.experiment_name, config=OmegaConf.to_container(OmegaConf.structured(cfg)))
+    with worker_backend(cfg), finishing(tracker):
         gpus = gpu_placement_group(ranks, 2 * cfg.ray.num_cpus_per_worker) \
             if cfg.trainer.backend == "ray" and torch.cuda.is_available() else None
         actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks, gpus)
@@ -60,7 +64,33 @@ def run(cfg: RagenConfig) -> None:
         val_agent = make_agent(cfg, "val", actor_rollout_wg, tokenizer)
         mini_batch = np.lcm(actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size if use_critic else 1)
         PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
-                   tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch)).fit()
+                   tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
+                   on_records=trajectory_pages(cfg)).fit()
+    if "jsonl" in cfg.trainer.logger:
+        print("learning curves: " + " ".join(str(p) for p in plot_run(cfg.trainer.default_local_dir)), flush=True)
+
+
+def trajectory_pages(cfg: RagenConfig):
+    """Every `log_image_step_size` training steps, HTML pages of the step's trajectories and a fresh index
+    (`<log_image_dir>/<experiment>/`; `cd <log_image_dir> && python -m http.server`)."""
+    logging = cfg.logging
+    experiment_dir = Path(logging.log_image_dir) / cfg.trainer.experiment_name
+
+    def on_records(records: list[dict], split: str, step: int) -> None:
+        if logging.log_images and split == "train" and step % logging.log_image_step_size == 0:
+            write_step(records, experiment_dir, step, logging.log_n_image_per_batch, cfg.custom_envs)
+            write_index(experiment_dir)
+
+    return on_records
+
+
+@contextmanager
+def finishing(tracker: Tracking):
+    """Close the loggers (wandb uploads, tensorboard flushes) on every exit path."""
+    try:
+        yield
+    finally:
+        tracker.finish()
 
 
 def check_memory(cfg: RagenConfig, ranks: int, use_critic: bool, use_reference: bool) -> None:

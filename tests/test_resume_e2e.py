@@ -26,7 +26,7 @@ def kill_during_step(model_path: str, run_dir: Path, step: int) -> None:
     """Start a run and SIGKILL it once step `step`'s rollout is on disk, before its update is saved."""
     command = ["bash", str(REPO / "train.sh"), "sokoban", f"model_path={model_path}",
                f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
-               "actor_rollout_ref.rollout.response_length=16", *ARGS]
+               f"logging.log_image_dir={run_dir / 'log'}", "actor_rollout_ref.rollout.response_length=16", *ARGS]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
     marker = run_dir / "rollouts" / "train" / f"step_{step}.jsonl"

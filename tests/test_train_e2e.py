@@ -15,7 +15,7 @@ REPO = Path(__file__).parents[1]
 def train(recipe: str, model_path: str, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     command = ["bash", str(REPO / "train.sh"), recipe, f"model_path={model_path}",
                f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
-               "actor_rollout_ref.rollout.response_length=16", *overrides]
+               f"logging.log_image_dir={run_dir / 'log'}", "actor_rollout_ref.rollout.response_length=16", *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -38,7 +38,8 @@ def ray_processes() -> list[str]:
 
 
 def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
-    result = train("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=2")
+    result = train("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=2",
+                   "logging.log_image_step_size=2", "logging.log_n_image_per_batch=4")
     validation, *metrics = read_metrics(tmp_path)
     assert validation["step"] == 0 and "val-env/Bandit/success" in validation  # the untrained baseline
     assert [m["step"] for m in metrics] == [1, 2]
@@ -46,7 +47,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     for m in metrics:
         for key in ("rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "train/Bandit/success",
                     "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor",
-                    "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "critic/explained_variance",
+                    "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "critic/vf_explained_var",
                     "critic/grad_norm", "rollout/in_group_std", "rollout/chosen_in_group_std",
                     "rollout/filter_kept_ratio", "rollout/response_repetition"):
             assert key in m, key
@@ -62,6 +63,12 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert len(train_records) == 16 and all(r["tag"] == "Bandit" and len(r["turns"]) == 1 for r in train_records)
     val_records = (rollouts / "val" / "step_0.jsonl").read_text().splitlines()
     assert len(val_records) == 8  # the CPU scale's validation set: 8 start states x 1
+    assert all("advantage" in turn for r in train_records for turn in r["turns"])
+    assert {p.name for p in (tmp_path / "plots").glob("*.png")} == {"success.png", "reward.png", "entropy.png",
+                                                                   "reward_std.png"}
+    pages = tmp_path / "log" / "bandit"  # the trajectory browser: step 2 only (every 2nd step), 4 pages
+    assert sorted(p.parent.name for p in pages.rglob("trajectory_data_*.html")) == ["step_2"] * 4
+    assert (pages / "index.html").is_file()
 
 
 def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
@@ -78,7 +85,7 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     ("starpo", ["actor/kl_loss", "critic/vf_loss"], []),  # KL loss to a reference policy, a critic
     ("grpo", ["actor/pg_loss"], ["critic/vf_loss", "actor/kl_loss"]),  # neither critic nor reference
     ("brpo", ["actor/pg_loss"], ["critic/vf_loss"]),
-    ("bi_level_gae", ["critic/vf_loss", "critic/explained_variance"], []),
+    ("bi_level_gae", ["critic/vf_loss", "critic/vf_explained_var"], []),
 ])
 def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected, absent):
     train("sokoban", tiny_model_path, tmp_path, f"algo={algo}", "trainer.total_training_steps=1",

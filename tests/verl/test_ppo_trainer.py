@@ -1,5 +1,6 @@
 """The training loop's stages with scripted worker groups: which stages run, in which order, on what."""
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,8 @@ def rollout_batch(rewards: list[float], group_size: int) -> DataProto:
     token_rewards[:, 2] = torch.tensor(rewards)
     return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "loss_mask": torch.tensor([[0., 1, 1]] * n),
                             "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
-                            "state_ids": torch.zeros(n, 3, dtype=torch.long)},
+                            "state_ids": torch.zeros(n, 3, dtype=torch.long),
+                            "turn_ids": torch.zeros(n, 3, dtype=torch.long)},
                      non_tensor_batch={"group_ids": np.arange(n) // group_size})
 
 
@@ -35,7 +37,8 @@ class ScriptedAgent:
         self.batch = batch
 
     def rollout(self, step):
-        return Rollout(self.batch, {"rollout/reward_mean": 0.0}, [])
+        records = [{"turns": [{"reward": r.item()}]} for r in self.batch.batch["trajectory_rewards"]]
+        return Rollout(self.batch, {"rollout/reward_mean": 0.0}, records)
 
 
 class RecordingWorkers:
@@ -137,7 +140,7 @@ def test_advantages_are_added_with_their_mask(tmp_path):
     batch, metrics = trainer.compute_advantage(batch)
     assert batch.batch["adv_mask"].tolist() == [[0, 1, 1]] * 2
     assert batch.batch["advantages"][:, 1].tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
-    assert "critic/explained_variance" not in metrics  # no critic
+    assert "critic/vf_explained_var" not in metrics  # no critic
 
 
 def test_kl_in_reward_penalises_every_generated_token(tmp_path):
@@ -162,3 +165,13 @@ def test_two_ranks_get_shares_of_equal_tokens(tmp_path):
     first, second = balanced.chunk(2)
     assert first.batch["attention_mask"].sum() == second.batch["attention_mask"].sum() == 4
     assert sorted(balanced.batch["trajectory_rewards"].tolist()) == [0.0, 0.0, 1.0, 1.0]  # a permutation
+
+
+def test_records_get_each_turns_advantage(tmp_path):
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0], algorithm=AlgorithmConfig(adv_estimator="grpo"),
+                              critic=False, rollout=RolloutConfig(rollout_filter_ratio=0.5))
+    trainer.config.rollout_data_dir = str(tmp_path / "rollouts")
+    trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
+    # group 0 (1, 0) is kept: +-0.707; group 1 (1, 1) has no spread and is filtered out
+    assert [r["turns"][0]["advantage"] for r in records] == pytest.approx([0.7071, -0.7071, None, None], abs=1e-4)

@@ -6,10 +6,11 @@ group exists only when the advantage estimator uses values; the reference policy
 """
 
 import os
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -32,13 +33,16 @@ class RolloutProducer(Protocol):
 class PPOTrainer:
     def __init__(self, config: TrainerConfig, algorithm: AlgorithmConfig, rollout_config: RolloutConfig,
                  actor_rollout_wg, critic_wg, agent: RolloutProducer, tracker: Tracking,
-                 val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1):
+                 val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1,
+                 on_records: Callable[[list[dict], str, int], None] | None = None):
         """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
-        many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps."""
+        many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps.
+        `on_records(records, split, step)` sees every rollout's records once saved (the HTML browser)."""
         self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
         self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
+        self.on_records = on_records
         ctrl = algorithm.kl_ctrl
         self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
@@ -50,13 +54,13 @@ class PPOTrainer:
         if done >= last:
             print(f"the checkpoint is at step {done} >= trainer.total_training_steps={last}: nothing to train "
                   "(trainer.resume_mode=disable starts over)", flush=True)
-        for step in range(done + 1, last + 1):
+        for step in progress(range(done + 1, last + 1), desc="training steps", initial=done, total=last):
             metrics: dict[str, float] = {}
             with timed("step", metrics):
                 with timed("gen", metrics):
                     rollout = self.agent.rollout(step)
-                    self.save_records(rollout.records, "train", step)
-                batch, filter_metrics = self.filter(rollout.batch)
+                records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
+                batch, filter_metrics = self.filter(rollout.batch.union(records))
                 batch = self.balance(batch)
                 with timed("old_log_prob", metrics):
                     batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
@@ -68,6 +72,7 @@ class PPOTrainer:
                         batch = batch.union(self.critic_wg.compute_values(batch))
                 with timed("adv", metrics):
                     batch, adv_metrics = self.compute_advantage(batch)
+                self.save_records(with_advantages(rollout.records, batch), "train", step)
                 if self.critic_wg is not None:
                     with timed("update_critic", metrics):
                         metrics |= self.critic_wg.update_critic(batch)
@@ -123,7 +128,7 @@ class PPOTrainer:
         if self.critic_wg is not None:
             metrics |= {"critic/returns_mean": masked_mean(returns, adv_mask).item(),
                         "critic/values_mean": masked_mean(values, adv_mask).item(),
-                        "critic/explained_variance": explained_variance(values, returns, adv_mask)}
+                        "critic/vf_explained_var": explained_variance(values, returns, adv_mask)}
         added = DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})
         return batch.union(added), metrics
 
@@ -138,6 +143,8 @@ class PPOTrainer:
     def save_records(self, records: list[dict], split: str, step: int) -> None:
         if self.config.rollout_data_dir is not None:
             write_jsonl(os.path.join(self.config.rollout_data_dir, split, f"step_{step}.jsonl"), records)
+        if self.on_records is not None:
+            self.on_records(records, split, step)
 
     def save(self, step: int) -> Path:
         """Checkpoint every worker group and the trainer's own state; atomic (see verl/utils/checkpoint.py)."""
@@ -167,6 +174,26 @@ class PPOTrainer:
         self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
         print(f"resumed from {path} (step {state['step']})", flush=True)
         return state["step"]
+
+
+def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
+    """Each turn's record gets the mean advantage of its generated tokens (None: dropped by the filter)."""
+    for record in records:
+        for turn in record["turns"]:
+            turn["advantage"] = None
+    advantages, mask, turn_ids = batch.batch["advantages"], batch.batch["loss_mask"].bool(), batch.batch["turn_ids"]
+    for row, index in enumerate(batch.non_tensor_batch["record_index"]):
+        for k, turn in enumerate(records[index]["turns"]):
+            tokens = mask[row] & (turn_ids[row] == k)
+            turn["advantage"] = advantages[row][tokens].mean().item() if tokens.any() else None
+    return records
+
+
+def progress(iterable, **kwargs):
+    """A progress bar on a terminal; nothing in logs or CI (stderr not a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=not sys.stderr.isatty(), dynamic_ncols=True, **kwargs)
 
 
 def groups_per_multiple(samples_multiple: int, group_size: int) -> int:

@@ -1,7 +1,11 @@
 """Metric loggers behind one call: `tracker.log(metrics, step)`.
 
-`console` prints one summary line per step; `jsonl` appends every metric of every step to
-`<run_dir>/metrics.jsonl`, one JSON object per line, so a run can be read back without any service.
+- `console` prints one summary line per step;
+- `jsonl` appends every metric of every step to `<run_dir>/metrics.jsonl`, one JSON object per line, so a
+  run can be read back (and plotted, `python -m ragen.plot`) without any service;
+- `wandb` logs to Weights & Biases: online with an account, or with `WANDB_MODE=offline` into
+  `<run_dir>/wandb/` with none (`wandb sync` uploads it later);
+- `tensorboard` writes event files to `<run_dir>/tensorboard/` (`tensorboard --logdir <run_dir>`).
 """
 
 import json
@@ -14,16 +18,25 @@ CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response
 
 
 class Tracking:
-    SUPPORTED = ("console", "jsonl")
+    SUPPORTED = ("console", "jsonl", "wandb", "tensorboard")
 
-    def __init__(self, loggers: list[str], run_dir: str):
+    def __init__(self, loggers: list[str], run_dir: str, project: str = "ragen", experiment: str = "run",
+                 config: dict | None = None):
         unknown = set(loggers) - set(self.SUPPORTED)
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {sorted(unknown)}; supported: {list(self.SUPPORTED)}")
         self.loggers = loggers
         self.jsonl_path = Path(run_dir) / "metrics.jsonl"
-        if "jsonl" in loggers:
-            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self.wandb = self.tensorboard = None
+        if "wandb" in loggers:
+            import wandb
+
+            self.wandb = wandb.init(project=project, name=experiment, dir=run_dir, config=config)
+        if "tensorboard" in loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if "console" in self.loggers:
@@ -32,6 +45,18 @@ class Tracking:
         if "jsonl" in self.loggers:
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+        if self.tensorboard is not None:
+            for key, value in metrics.items():
+                self.tensorboard.add_scalar(key, value, step)
+            self.tensorboard.flush()
+
+    def finish(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def truncate(self, after_step: int) -> None:
         """Drop the logged rows of steps after `after_step` (a resumed run logs them again)."""

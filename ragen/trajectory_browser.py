@@ -1,0 +1,388 @@
+"""A static HTML browser over rollout records: one page per trajectory, an index with filters and search.
+
+Layout (RAGEN's): `<log_image_dir>/<experiment>/step_<N>/trajectory_data_<i>.html`, `i` being the
+trajectory's `env_id` (its line in `rollouts/<split>/step_<N>.jsonl`), next to `trajectories.json`, the
+step's summaries; `<log_image_dir>/<experiment>/index.html` lists every step's. Everything is inline: PNG
+pictures as data URIs, CSS, a little vanilla JS on the index only, and a Content-Security-Policy that
+forbids any other source, so the pages open offline, from disk or under `python -m http.server`.
+
+Pictures: the record keeps each state as the env's text render; a grid env's `rgb_array` picture is
+`grid_to_rgb` over that same symbol grid, so `state_picture` redraws it exactly from the text with the
+env's tiles (`GRID_TILES`). Envs without a picture (bandit, countdown) show the text alone. Every piece of
+model or env text is escaped, in elements, attributes and the JSON the index embeds.
+
+Build pages for a finished run: `python -m ragen.trajectory_browser <run dir>/rollouts/train <out dir>`.
+"""
+
+import argparse
+import base64
+import html
+import itertools
+import json
+import re
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ragen.config import CustomEnvConfig
+from ragen.envs import frozen_lake, make_env
+from ragen.envs.utils import grid_to_rgb
+
+# env_type -> its picture tiles, from the env's `env_config` dict; envs drawn as a grid of symbols only
+GRID_TILES: dict[str, Callable[[dict], dict[str, np.ndarray]]] = {
+    "sokoban": lambda env_config: make_env("sokoban", env_config).tiles,  # depend on the configured symbols
+    "frozen_lake": lambda env_config: frozen_lake.TILES,
+}
+IMAGE_SCALE = 2  # pictures are shown at this multiple of their TILE-pixel size
+PAGE_NAME = "trajectory_data_{}.html"
+MANIFEST = "trajectories.json"
+# No source but the page itself: a stray URL in model text can never load anything.
+PAGE_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+INDEX_CSP = PAGE_CSP + "; script-src 'unsafe-inline'"
+_REPLY_TAG = re.compile(r"(</?think>|</?answer>)")
+
+esc = html.escape  # quote=True: safe inside attribute values too
+
+
+# ---- pictures ------------------------------------------------------------------------------------------
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """A (H, W, 3) uint8 picture as a PNG file: 8-bit RGB, no row filter, one zlib stream."""
+    height, width, _ = rgb.shape
+    rows = np.concatenate([np.zeros((height, 1), np.uint8), rgb.reshape(height, width * 3)], axis=1)  # (H, 1 + 3W)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # bit depth 8, colour type 2 (RGB)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9)) + \
+        chunk(b"IEND", b"")
+
+
+def state_picture(text: str, tiles: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The env's `rgb_array` picture redrawn from its text state; None when the text is not a rectangle
+    of the tiles' symbols (a truncated or foreign state is shown as text only)."""
+    rows = text.strip("\n").split("\n")
+    if not rows[0] or len({len(row) for row in rows}) != 1 or not set("".join(rows)) <= tiles.keys():
+        return None
+    return grid_to_rgb(np.array([list(row) for row in rows]), tiles)
+
+
+def tiles_by_tag(custom_envs: dict[str, CustomEnvConfig]) -> dict[str, dict[str, np.ndarray]]:
+    """Picture tiles of every env tag that has pictures."""
+    return {tag: GRID_TILES[spec.env_type](dict(spec.env_config))
+            for tag, spec in custom_envs.items() if spec.env_type in GRID_TILES}
+
+
+# ---- one trajectory's page -----------------------------------------------------------------------------
+def pick_trajectories(records: list[dict], n: int) -> list[dict]:
+    """Up to `n` records (all when n < 0), taken from the groups in turn: every group's first trajectory,
+    then every group's second... A batch lists a group's trajectories together, and its first n would
+    show one or two start states of one env tag; this sample shows as many start states and tags as n
+    allows. Returned in batch order."""
+    by_group: dict[int, list[dict]] = {}
+    for record in records:
+        by_group.setdefault(record["group_id"], []).append(record)
+    in_turn = [r for round_ in itertools.zip_longest(*by_group.values()) for r in round_ if r is not None]
+    return sorted(in_turn if n < 0 else in_turn[:n], key=lambda r: r["env_id"])
+
+
+def reply_html(reply: str) -> str:
+    """The reply with its <think> and <answer> parts and any text outside them marked by class."""
+    parts, inside = [], "outside"
+    for piece in _REPLY_TAG.split(reply):
+        if _REPLY_TAG.fullmatch(piece):
+            inside = "outside" if piece.startswith("</") else piece.strip("<>")
+            parts.append(f'<span class="tag">{esc(piece)}</span>')
+        elif piece:
+            parts.append(f'<span class="{inside}">{esc(piece)}</span>')
+    return "".join(parts)
+
+
+def state_html(text: str, tiles: dict[str, np.ndarray] | None, caption: str) -> str:
+    picture = state_picture(text, tiles) if tiles else None
+    image = ""
+    if picture is not None:
+        height, width, _ = picture.shape
+        uri = "data:image/png;base64," + base64.b64encode(png_bytes(picture)).decode("ascii")
+        image = (f'<img src="{uri}" width="{width * IMAGE_SCALE}" height="{height * IMAGE_SCALE}" '
+                 f'alt="{esc(caption)}">')
+    return f'<figure class="state">{image}<pre>{esc(text)}</pre><figcaption>{esc(caption)}</figcaption></figure>'
+
+
+def turn_html(number: int, turn: dict, tiles: dict[str, np.ndarray] | None) -> str:
+    chips = []
+    for action, valid, effective in zip(turn["actions"], turn["action_valid"], turn["action_effective"]):
+        kind, note = ("ok", "valid, effective") if valid and effective else \
+            ("noop", "valid, no effect") if valid else ("bad", "invalid")
+        chips.append(f'<li class="chip {kind}" title="{note}">{esc(str(action))} <small>{note}</small></li>')
+    facts = [("reward", f"{turn['reward']:+.3g}")]
+    if "advantage" in turn:  # null: the variance filter dropped this trajectory's group before the update
+        advantage = turn["advantage"]
+        facts.append(("advantage", "filtered out" if advantage is None else f"{advantage:+.3f}"))
+    facts += [("format", "ok" if turn["format_ok"] else "malformed (format penalty)"),
+              ("done", "yes" if turn["done"] else "no")]
+    facts_html = "".join(_fact(name, value) for name, value in facts)
+    actions = f'<ul class="actions">{"".join(chips)}</ul>' if chips else '<p class="none">no action taken</p>'
+    return (f'<section class="turn{"" if turn["format_ok"] else " malformed"}"><h2>Turn {number}</h2>'
+            f'<div class="cols">{state_html(turn["state"], tiles, f"state before turn {number}")}'
+            f'<div class="reply"><pre>{reply_html(turn["response"])}</pre>{actions}'
+            f'<dl class="facts">{facts_html}</dl></div></div></section>')
+
+
+def trajectory_page(record: dict, step: int, tiles: dict[str, np.ndarray] | None, previous: str | None,
+                    following: str | None) -> str:
+    """The HTML page of one trajectory; `previous`/`following` are the neighbouring pages' file names."""
+    title = f"{record['tag']} · step {step} · env {record['env_id']}"
+    nav = ['<a href="../index.html">all trajectories</a>']
+    nav += [f'<a href="{esc(previous)}">&larr; previous</a>'] if previous else []
+    nav += [f'<a href="{esc(following)}">next &rarr;</a>'] if following else []
+    facts = [("split", record["split"]), ("group", record["group_id"]), ("seed", record["seed"]),
+             ("success", "yes" if record["success"] else "no"), ("reward", f"{record['reward']:+.3g}"),
+             ("turns", len(record["turns"])), ("context truncated", "yes" if record["context_truncated"] else "no")]
+    turns = "".join(turn_html(i + 1, turn, tiles) for i, turn in enumerate(record["turns"]))
+    final = state_html(record["final_state"], tiles, "final state")
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{PAGE_CSP}">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{esc(title)}</title><style>{CSS}</style></head><body>'
+            f'<nav>{" · ".join(nav)}</nav><header><h1>{esc(title)}</h1><dl class="facts">'
+            + "".join(_fact(name, value) for name, value in facts)
+            + f'</dl></header>{turns}<section class="turn"><h2>End</h2>{final}</section></body></html>')
+
+
+def _fact(name: str, value) -> str:
+    return f"<div><dt>{esc(name)}</dt><dd>{esc(str(value))}</dd></div>"
+
+
+def summary(record: dict, step: int) -> dict:
+    """What the index shows and filters on for one trajectory."""
+    turns = record["turns"]
+    return {"step": step, "id": record["env_id"], "split": record["split"], "tag": record["tag"],
+            "group": record["group_id"], "seed": record["seed"], "success": bool(record["success"]),
+            "reward": record["reward"], "turns": len(turns),
+            "invalid": sum(not ok for t in turns for ok in t["action_valid"]),
+            "malformed": sum(not t["format_ok"] for t in turns), "truncated": bool(record["context_truncated"]),
+            "text": "\n".join(t["response"] for t in turns)}
+
+
+def write_step(records: list[dict], experiment_dir: Path, step: int, n_per_batch: int,
+               custom_envs: dict[str, CustomEnvConfig]) -> list[Path]:
+    """Write the pages of `n_per_batch` of one rollout's trajectories (see `pick_trajectories`; -1: all)
+    and the step's summaries under `experiment_dir/step_<step>`; pages an earlier run of the same step
+    left there are removed. Returns the pages' paths. Call `write_index` afterwards."""
+    step_dir = Path(experiment_dir) / f"step_{step}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    for old in step_dir.glob(PAGE_NAME.format("*")):
+        old.unlink()
+    tiles = tiles_by_tag(custom_envs)
+    picked = pick_trajectories(records, n_per_batch)
+    names = [PAGE_NAME.format(int(r["env_id"])) for r in picked]
+    paths = []
+    for i, record in enumerate(picked):
+        page = trajectory_page(record, step, tiles.get(record["tag"]), names[i - 1] if i else None,
+                               names[i + 1] if i + 1 < len(names) else None)
+        paths.append(_write_text(step_dir / names[i], page))
+    _write_text(step_dir / MANIFEST, json.dumps([summary(r, step) for r in picked], ensure_ascii=False))
+    return paths
+
+
+# ---- the index -----------------------------------------------------------------------------------------
+def write_index(experiment_dir: Path) -> Path:
+    """(Re)write `experiment_dir/index.html` from every `step_<N>/trajectories.json` there."""
+    experiment_dir = Path(experiment_dir)
+    rows = []
+    for manifest in sorted(experiment_dir.glob(f"step_*/{MANIFEST}"), key=lambda p: _step_number(p.parent)):
+        for row in json.loads(manifest.read_text()):
+            # the link is built from numbers, never from text read back
+            rows.append(row | {"page": f"step_{int(row['step'])}/{PAGE_NAME.format(int(row['id']))}"})
+    data = json.dumps(rows, ensure_ascii=False)
+    # Inside <script> only "</script" could end the element; escaping < > & keeps the JSON identical.
+    data = data.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    title = f"Trajectories · {experiment_dir.resolve().name}"
+    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{INDEX_CSP}">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{esc(title)}</title><style>{CSS}</style></head><body><header><h1>{esc(title)}</h1>'
+            f'<p id="count"></p></header>{INDEX_FORM}'
+            f'<table id="list"><thead><tr>{INDEX_HEADER}</tr></thead><tbody></tbody></table>'
+            f'<script type="application/json" id="trajectories">{data}</script>'
+            f'<script>{INDEX_JS}</script></body></html>')
+    return _write_text(experiment_dir / "index.html", page)
+
+
+def _step_number(step_dir: Path) -> int:
+    suffix = step_dir.name.removeprefix("step_")
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def _write_text(path: Path, text: str) -> Path:
+    """Write through a staging file, so that a reader never sees half a page."""
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(text, encoding="utf-8")
+    staging.replace(path)
+    return path
+
+
+INDEX_FORM = """<form id="filters" autocomplete="off">
+<label>step <select name="step"><option value="">all</option></select></label>
+<label>env <select name="tag"><option value="">all</option></select></label>
+<label>success <select name="success"><option value="">any</option><option value="1">yes</option>
+<option value="0">no</option></select></label>
+<label>reward <input name="rmin" type="number" step="any" placeholder="min"> to
+<input name="rmax" type="number" step="any" placeholder="max"></label>
+<label>turns <input name="tmin" type="number" min="0" placeholder="min"> to
+<input name="tmax" type="number" min="0" placeholder="max"></label>
+<label>invalid actions <select name="invalid"><option value="">any</option><option value="1">some</option>
+<option value="0">none</option></select></label>
+<label>malformed replies <select name="malformed"><option value="">any</option><option value="1">some</option>
+<option value="0">none</option></select></label>
+<label class="wide">model output contains <input name="q" type="search" placeholder="text"></label>
+<button type="reset">clear</button></form>"""
+
+# (key, heading) of the index's columns; the JS draws the cells in this order
+COLUMNS = [("step", "step"), ("tag", "env"), ("id", "env id"), ("group", "group"), ("seed", "seed"),
+           ("success", "success"), ("reward", "reward"), ("turns", "turns"), ("invalid", "invalid actions"),
+           ("malformed", "malformed replies"), ("truncated", "truncated")]
+INDEX_HEADER = "".join(f'<th data-key="{key}" title="sort">{heading}</th>' for key, heading in COLUMNS)
+
+INDEX_JS = """
+"use strict";
+const rows = JSON.parse(document.getElementById("trajectories").textContent);
+const form = document.getElementById("filters"), body = document.querySelector("#list tbody");
+const keys = [...document.querySelectorAll("th[data-key]")].map(th => th.dataset.key);
+const show = v => typeof v === "boolean" ? (v ? "yes" : "no") : typeof v === "number" && !Number.isInteger(v)
+  ? v.toFixed(3) : String(v);
+for (const [name, key] of [["step", "step"], ["tag", "tag"]]) {
+  for (const v of [...new Set(rows.map(r => r[key]))].sort((a, b) => a < b ? -1 : a > b ? 1 : 0)) {
+    form.elements[name].append(new Option(String(v), String(v)));
+  }
+}
+for (const r of rows) {
+  r.search = r.text.toLowerCase();
+  r.tr = document.createElement("tr");
+  r.tr.className = r.success ? "win" : "";
+  for (const key of keys) {
+    const td = r.tr.insertCell();
+    if (key === "tag") {
+      const a = document.createElement("a");
+      a.href = r.page; a.textContent = r.tag; td.append(a);
+    } else {
+      td.textContent = show(r[key]);
+    }
+    if ((key === "invalid" || key === "malformed") && r[key] > 0) td.className = "warn";
+  }
+  body.append(r.tr);
+}
+function number(name) {
+  const v = form.elements[name].value;
+  return v === "" ? null : Number(v);
+}
+function apply() {
+  const f = form.elements, q = f.q.value.trim().toLowerCase();
+  const [rmin, rmax, tmin, tmax] = ["rmin", "rmax", "tmin", "tmax"].map(number);
+  let shown = 0;
+  for (const r of rows) {
+    const ok = (f.step.value === "" || String(r.step) === f.step.value)
+      && (f.tag.value === "" || r.tag === f.tag.value)
+      && (f.success.value === "" || r.success === (f.success.value === "1"))
+      && (rmin === null || r.reward >= rmin) && (rmax === null || r.reward <= rmax)
+      && (tmin === null || r.turns >= tmin) && (tmax === null || r.turns <= tmax)
+      && (f.invalid.value === "" || (r.invalid > 0) === (f.invalid.value === "1"))
+      && (f.malformed.value === "" || (r.malformed > 0) === (f.malformed.value === "1"))
+      && (q === "" || r.search.includes(q));
+    r.tr.hidden = !ok;
+    shown += ok;
+  }
+  document.getElementById("count").textContent = `${shown} of ${rows.length} trajectories shown`;
+}
+let sortKey = null, sortDir = 1;
+document.querySelector("#list thead").addEventListener("click", e => {
+  const key = e.target.dataset.key;
+  if (!key) return;
+  sortDir = key === sortKey ? -sortDir : 1;
+  sortKey = key;
+  const sorted = [...rows].sort((a, b) => a[key] < b[key] ? -sortDir : a[key] > b[key] ? sortDir : 0);
+  body.append(...sorted.map(r => r.tr));
+});
+form.addEventListener("input", apply);
+form.addEventListener("reset", () => setTimeout(apply));
+apply();
+"""
+
+CSS = """
+:root { color-scheme: light dark; --bg: #fbfaf7; --fg: #1f2328; --muted: #6a737d; --line: #d8d4cc;
+  --card: #ffffff; --think: #eef3fb; --answer: #e6f4ea; --outside: #fdecea; --ok: #1a7f37; --bad: #cf222e;
+  --noop: #9a6700; }
+@media (prefers-color-scheme: dark) { :root { --bg: #161a1f; --fg: #e6e6e6; --muted: #9aa4ae; --line: #333a42;
+  --card: #1d2229; --think: #1b2a3d; --answer: #183222; --outside: #3d1c1c; --ok: #4ac26b; --bad: #ff7b72;
+  --noop: #d4a72c; } }
+body { margin: 0 auto; max-width: 1200px; padding: 16px 24px 48px; background: var(--bg); color: var(--fg);
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; }
+h1 { font-size: 20px; margin: 8px 0; } h2 { font-size: 15px; margin: 0 0 8px; color: var(--muted); }
+a { color: inherit; } nav { color: var(--muted); }
+pre { margin: 0; white-space: pre-wrap; word-break: break-word;
+  font: 13px/1.4 ui-monospace, Menlo, Consolas, monospace; }
+dl.facts { display: flex; flex-wrap: wrap; gap: 4px 18px; margin: 8px 0; }
+dl.facts dt, dl.facts dd { display: inline; margin: 0; } dl.facts dt { color: var(--muted); }
+dl.facts dt::after { content: " "; } dl.facts dd { font-weight: 600; }
+section.turn { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px;
+  margin: 12px 0; }
+section.malformed { border-left: 4px solid var(--bad); }
+.cols { display: grid; grid-template-columns: minmax(160px, max-content) 1fr; gap: 16px; align-items: start; }
+figure.state { margin: 0; } figure.state img { display: block; image-rendering: pixelated; margin-bottom: 6px; }
+figure.state pre { padding: 4px 6px; border: 1px solid var(--line); border-radius: 4px; width: max-content; }
+figcaption { color: var(--muted); font-size: 12px; }
+.reply pre { padding: 8px; border: 1px solid var(--line); border-radius: 6px; }
+.reply .tag { color: var(--muted); } .reply .think { background: var(--think); font-style: italic; }
+.reply .answer { background: var(--answer); font-weight: 600; } .reply .outside { background: var(--outside); }
+ul.actions { list-style: none; display: flex; flex-wrap: wrap; gap: 6px; padding: 0; margin: 8px 0 0; }
+.chip { border: 1px solid currentColor; border-radius: 12px; padding: 1px 10px; font-weight: 600; }
+.chip small { font-weight: 400; } .chip.ok { color: var(--ok); } .chip.noop { color: var(--noop); }
+.chip.bad { color: var(--bad); } p.none { color: var(--muted); margin: 8px 0 0; }
+form#filters { display: flex; flex-wrap: wrap; gap: 8px 18px; align-items: center; padding: 10px 12px;
+  background: var(--card); border: 1px solid var(--line); border-radius: 8px; position: sticky; top: 0; }
+form#filters input[type=number] { width: 5em; } form#filters .wide input { width: 18em; }
+table#list { border-collapse: collapse; width: 100%; margin-top: 12px; font-variant-numeric: tabular-nums; }
+#list th { text-align: left; cursor: pointer; color: var(--muted); font-weight: 600; user-select: none; }
+#list th, #list td { padding: 4px 8px; border-bottom: 1px solid var(--line); }
+#list tr.win td:nth-child(6) { color: var(--ok); font-weight: 600; } #list td.warn { color: var(--bad); }
+#list tbody tr:hover { background: var(--card); } #count { color: var(--muted); margin: 0 0 8px; }
+"""
+
+
+# ---- command line --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m ragen.trajectory_browser",
+        description="Build the trajectory browser from saved rollout records (rollouts/<split>/step_<N>.jsonl).")
+    parser.add_argument("rollout_dir", type=Path, help="a folder of step_<N>.jsonl files, e.g. <run>/rollouts/train")
+    parser.add_argument("out_dir", type=Path, help="the experiment folder to write step_<N>/ and index.html into")
+    parser.add_argument("--n-per-batch", type=int, default=-1, help="pages per step (default -1: every trajectory)")
+    parser.add_argument("--config-name", default="base",
+                        help="the recipe that defines the run's env tags (custom_envs), for the pictures")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of that recipe, as given to training")
+    args = parser.parse_args(argv)
+    files = sorted(args.rollout_dir.glob("step_*.jsonl"), key=_step_number_of_file)
+    if not files:
+        parser.error(f"no step_<N>.jsonl files in {args.rollout_dir}: give a rollouts/train or rollouts/val folder")
+    from ragen.config import load_config  # Hydra composes the recipe only here, not on import
+
+    custom_envs = load_config(args.config_name, args.overrides).custom_envs
+    pages = 0
+    for path in files:
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        pages += len(write_step(records, args.out_dir, _step_number_of_file(path), args.n_per_batch, custom_envs))
+    index = write_index(args.out_dir)
+    print(f"wrote {pages} trajectory pages from {len(files)} steps; open {index} "
+          f"(or: cd {args.out_dir} && python -m http.server)")
+
+
+def _step_number_of_file(path: Path) -> int:
+    return _step_number(path.with_suffix(""))
+
+
+if __name__ == "__main__":
+    main()

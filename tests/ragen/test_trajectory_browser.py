@@ -1,0 +1,240 @@
+"""The HTML trajectory browser: paths, index, pictures redrawn from text states, reply markup, escaping."""
+
+import base64
+import io
+import json
+import struct
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen.config import CustomEnvConfig
+from ragen.envs import make_env
+from ragen.envs.utils import TILE
+from ragen.trajectory_browser import main, pick_trajectories, reply_html, write_index, write_step
+
+CUSTOM_ENVS = {
+    "SimpleSokoban": CustomEnvConfig("sokoban", 10, {"dim_x": 6, "dim_y": 6}),
+    "SokobanDifferentGridVocab": CustomEnvConfig("sokoban", 10, {"dim_x": 7, "dim_y": 6, "symbols": "W.T*BAa"}),
+    "FrozenLake": CustomEnvConfig("frozen_lake", 20, {"size": 4, "is_slippery": False}),
+    "Bandit": CustomEnvConfig("bandit", 1, {}),
+}
+HOSTILE = """<script>alert(1)</script><img src=x onerror=alert(2)> "double" 'single' </textarea></script>"""
+PNG_PREFIX = "data:image/png;base64,"
+
+
+def play(tag: str, actions: list[str], *, env_id: int = 0, group_id: int = 0, seed: int = 0, step: int = 1,
+         reply: str = "<think>I think {action} is right.</think><answer>{action}</answer>") -> dict:
+    """A record as AgentProxy writes it, one action per turn, from a real env (`advantage` included)."""
+    spec = CUSTOM_ENVS[tag]
+    env = make_env(spec.env_type, spec.env_config)
+    obs, _ = env.reset(seed=seed)
+    turns, total, success = [], 0.0, False
+    for action in actions:
+        shown = obs
+        obs, reward, terminated, truncated, info = env.step(action)
+        total, success = total + reward, info["success"]
+        turns.append({"state": shown, "response": reply.format(action=action), "format_ok": True,
+                      "actions": [action], "action_valid": [info["action_is_valid"]],
+                      "action_effective": [info["action_is_effective"]], "reward": reward,
+                      "done": terminated or truncated, "advantage": 0.25})
+        if terminated or truncated:
+            break
+    return {"step": step, "split": "train", "env_id": env_id, "group_id": group_id, "tag": tag, "seed": seed,
+            "turns": turns, "success": success, "reward": total, "context_truncated": False, "final_state": obs}
+
+
+class Elements(HTMLParser):
+    """Every start tag with its attributes, and the text (script text kept apart)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text, self.scripts, self._in_script = [], [], False
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+    def handle_data(self, data):
+        (self.scripts if self._in_script else self.text).append(data)
+
+    def find(self, tag: str) -> list[dict]:
+        return [attrs for name, attrs in self.tags if name == tag]
+
+
+def png_size(uri: str) -> tuple[int, int]:
+    """(width, height) from the PNG's IHDR chunk."""
+    data = base64.b64decode(uri.removeprefix(PNG_PREFIX))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def images(page: Path) -> list[str]:
+    return [attrs["src"] for attrs in Elements(page.read_text()).find("img")]
+
+
+def index_rows(experiment: Path) -> list[dict]:
+    """The trajectories the index's script reads."""
+    return json.loads(Elements((experiment / "index.html").read_text()).scripts[0])
+
+
+def test_pages_are_written_where_ragen_puts_them_and_the_index_lists_every_step(tmp_path):
+    experiment = tmp_path / "log" / "exp"
+    step_1 = [play("SimpleSokoban", ["Up"], env_id=i, group_id=i // 3, seed=i // 3) for i in range(6)]
+    step_2 = [play("Bandit", ["phoenix"], env_id=i, group_id=i, seed=i, step=2) for i in range(2)]
+
+    paths = write_step(step_1, experiment, 1, 4, CUSTOM_ENVS)
+    paths += write_step(step_2, experiment, 2, -1, CUSTOM_ENVS)
+    write_index(experiment)
+
+    # two groups of three: taken in turn (0, 3, 1, 4), written in batch order
+    assert paths == [experiment / f"step_{s}/trajectory_data_{i}.html" for s, i in
+                     [(1, 0), (1, 1), (1, 3), (1, 4), (2, 0), (2, 1)]]
+    assert all(p.is_file() for p in paths)
+    assert [r["page"] for r in index_rows(experiment)] == [str(p.relative_to(experiment)) for p in paths]
+    assert [(r["step"], r["id"], r["tag"]) for r in index_rows(experiment)][3:5] == \
+        [(1, 4, "SimpleSokoban"), (2, 0, "Bandit")]
+    # neighbours and the way back are relative links
+    links = [a["href"] for a in Elements(paths[1].read_text()).find("a")]
+    assert links == ["../index.html", "trajectory_data_0.html", "trajectory_data_3.html"]
+
+
+def test_rewriting_a_step_drops_its_old_pages(tmp_path):
+    records = [play("Bandit", ["phoenix"], env_id=i, group_id=i, seed=i) for i in range(4)]
+    write_step(records, tmp_path, 1, -1, CUSTOM_ENVS)
+    write_step(records, tmp_path, 1, 2, CUSTOM_ENVS)
+    assert sorted(p.name for p in (tmp_path / "step_1").glob("*.html")) == \
+        ["trajectory_data_0.html", "trajectory_data_1.html"]
+
+
+def test_pick_spreads_over_groups_and_keeps_batch_order():
+    records = [{"env_id": i, "group_id": i // 4} for i in range(12)]
+    assert [r["env_id"] for r in pick_trajectories(records, 5)] == [0, 1, 4, 5, 8]
+    assert [r["env_id"] for r in pick_trajectories(records, -1)] == list(range(12))
+
+
+@pytest.mark.parametrize("tag, actions", [("SimpleSokoban", ["Up", "Left", "Down"]),
+                                          ("SokobanDifferentGridVocab", ["Right", "Down"]),
+                                          ("FrozenLake", ["Right", "Down", "Right"])])
+def test_grid_states_are_drawn_as_the_envs_own_pictures(tmp_path, tag, actions):
+    record = play(tag, actions, seed=3)
+    page = write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)[0]
+    uris = images(page)
+    assert len(uris) == len(record["turns"]) + 1  # every turn's state and the final one
+
+    spec = CUSTOM_ENVS[tag]
+    env = make_env(spec.env_type, spec.env_config)
+    env.render_mode = "rgb_array"
+    env.reset(seed=3)
+    expected = [env.render()]  # the state before each turn, then the final state
+    for action in actions[:len(record["turns"])]:
+        env.step(action)
+        expected.append(env.render())
+    for uri, picture in zip(uris, expected):
+        assert uri.startswith(PNG_PREFIX)
+        assert png_size(uri) == (picture.shape[1], picture.shape[0])
+        assert picture.shape[0] % TILE == 0
+    image_module = pytest.importorskip("PIL.Image")  # an independent decoder for the pixels themselves
+    for uri, picture in zip(uris, expected):
+        decoded = image_module.open(io.BytesIO(base64.b64decode(uri.removeprefix(PNG_PREFIX))))
+        assert decoded.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(decoded), picture)
+
+
+def test_text_envs_and_unknown_tags_show_the_state_as_text(tmp_path):
+    bandit = play("Bandit", ["phoenix"])
+    stranger = play("SimpleSokoban", ["Up"], env_id=1, group_id=1) | {"tag": "NotInConfig"}
+    pages = write_step([bandit, stranger], tmp_path, 1, -1, CUSTOM_ENVS)
+    for page, record in zip(pages, [bandit, stranger]):
+        assert images(page) == []
+        assert record["turns"][0]["state"] in "".join(Elements(page.read_text()).text)
+
+
+def test_think_and_answer_are_marked_apart():
+    parsed = Elements(reply_html("<think>push the box</think> <answer>Up || Left</answer>trailing"))
+    assert [attrs["class"] for _, attrs in parsed.tags] == \
+        ["tag", "think", "tag", "outside", "tag", "answer", "tag", "outside"]
+    assert parsed.text == ["<think>", "push the box", "</think>", " ", "<answer>", "Up || Left", "</answer>",
+                           "trailing"]
+    # an unclosed think still reads as thinking
+    assert [a["class"] for _, a in Elements(reply_html("<think>never closed")).tags] == ["tag", "think"]
+
+
+def test_turn_facts_show_validity_reward_and_advantage(tmp_path):
+    record = play("SimpleSokoban", ["Up", "Jump"], seed=1)
+    record["turns"][1] |= {"advantage": None, "format_ok": False}
+    text = "".join(Elements(write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)[0].read_text()).text)
+    assert "advantage+0.250" in text and "advantagefiltered out" in text
+    assert "Jump invalid" in text and "malformed (format penalty)" in text
+    assert f"reward{record['turns'][0]['reward']:+.3g}" in text
+
+
+def test_model_and_env_text_is_escaped_everywhere(tmp_path):
+    hostile = play("Bandit", ["phoenix"], reply=HOSTILE + "<answer>{action}</answer>") | {"tag": HOSTILE}
+    hostile["turns"][0] |= {"state": HOSTILE, "actions": [HOSTILE]}
+    hostile["final_state"] = HOSTILE
+    grid = play("SimpleSokoban", ["Up"], env_id=1, group_id=1, reply=HOSTILE)
+    grid["turns"][0]["state"] = HOSTILE  # a grid tag whose state is not a grid
+    write_step([hostile, grid], tmp_path, 1, -1, CUSTOM_ENVS)
+    index = write_index(tmp_path)
+
+    for path in [index, *tmp_path.glob("step_1/*.html")]:
+        page = Elements(path.read_text())
+        scripts = page.find("script")
+        expected = [{"type": "application/json", "id": "trajectories"}, {}] if path == index else []
+        assert scripts == expected, path
+        assert not [(tag, name) for tag, attrs in page.tags for name in attrs if name.startswith("on")], path
+        assert all(attrs["src"].startswith(PNG_PREFIX) for attrs in page.find("img")), path
+        if path != index:
+            assert HOSTILE in "".join(page.text)  # shown, as text
+    embedded = Elements(index.read_text()).scripts[0]
+    assert "</" not in embedded and "<script" not in embedded
+    rows = json.loads(embedded)
+    assert rows[0]["tag"] == HOSTILE and HOSTILE in rows[1]["text"]
+
+
+def test_nothing_is_loaded_from_the_network(tmp_path):
+    records = [play(tag, ["Up", "Right"], env_id=i, group_id=i) for i, tag in
+               enumerate(["SimpleSokoban", "FrozenLake"])]
+    write_step(records, tmp_path, 1, -1, CUSTOM_ENVS)
+    write_index(tmp_path)
+    for path in tmp_path.rglob("*.html"):
+        text = path.read_text()
+        assert "http://" not in text and "https://" not in text and "//" not in text.replace("://", ""), path
+        page = Elements(text)
+        assert not page.find("link") and all(a["href"].endswith(".html") for a in page.find("a")), path
+        assert all(a["src"].startswith(PNG_PREFIX) for a in page.find("img")), path
+
+
+def test_records_from_the_agent_loop_make_pages(tokenizer, tmp_path):
+    from tests.ragen.test_agent_proxy import make_proxy
+
+    proxy, _ = make_proxy(tokenizer, "SimpleSokoban", CUSTOM_ENVS["SimpleSokoban"],
+                          "try</think><answer>Up</answer>", max_turn=2)
+    records = proxy.rollout(step=3).records
+    pages = write_step(records, tmp_path, 3, 2, CUSTOM_ENVS)
+    assert [p.name for p in pages] == ["trajectory_data_0.html", "trajectory_data_2.html"]  # one per group
+    assert len(images(pages[0])) == len(records[0]["turns"]) + 1
+
+
+def test_command_line_builds_the_browser_from_saved_records(tmp_path, capsys):
+    rollouts = tmp_path / "run" / "rollouts" / "train"
+    rollouts.mkdir(parents=True)
+    for step in (2, 10):
+        records = [play("SimpleSokoban", ["Up"], env_id=i, group_id=i, seed=i, step=step) for i in range(3)]
+        (rollouts / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "log" / "exp"
+
+    main([str(rollouts), str(out), "--n-per-batch", "2"])
+
+    assert [(r["step"], r["id"]) for r in index_rows(out)] == [(2, 0), (2, 1), (10, 0), (10, 1)]
+    assert len(images(out / "step_10" / "trajectory_data_1.html")) == 2
+    assert "wrote 4 trajectory pages from 2 steps" in capsys.readouterr().out
