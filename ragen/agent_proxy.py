@@ -15,7 +15,7 @@ from ragen.config import AgentProxyConfig
 from ragen.context_manager import ContextManager, Trajectory
 from ragen.env_state_manager import EnvState, EnvStateManager
 from verl.protocol import DataProto
-from verl.trainer.ppo_trainer import progress
+from verl.utils.tracking import progress
 from verl.workers.rollout import SamplingParams
 
 

@@ -6,7 +6,6 @@ group exists only when the advantage estimator uses values; the reference policy
 """
 
 import os
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,7 @@ from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, 
                                      explained_variance, group_index, group_mean_std, masked_mean, select_groups,
                                      turn_end_mask)
 from verl.utils import checkpoint
-from verl.utils.tracking import Tracking, write_jsonl
+from verl.utils.tracking import Tracking, progress, write_jsonl
 
 
 class RolloutProducer(Protocol):
@@ -187,13 +186,6 @@ def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
             tokens = mask[row] & (turn_ids[row] == k)
             turn["advantage"] = advantages[row][tokens].mean().item() if tokens.any() else None
     return records
-
-
-def progress(iterable, **kwargs):
-    """A progress bar on a terminal; nothing in logs or CI (stderr not a terminal)."""
-    from tqdm import tqdm
-
-    return tqdm(iterable, disable=not sys.stderr.isatty(), dynamic_ncols=True, **kwargs)
 
 
 def groups_per_multiple(samples_multiple: int, group_size: int) -> int:

@@ -10,6 +10,7 @@
 
 import json
 import math
+import sys
 from pathlib import Path
 
 CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "rollout/in_group_std",
@@ -88,3 +89,10 @@ def _label(key: str) -> str:
 
 def _fmt(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def progress(iterable, **kwargs):
+    """A progress bar on a terminal; nothing in logs, CI or Ray workers (stderr not a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=not sys.stderr.isatty(), dynamic_ncols=True, **kwargs)

@@ -16,6 +16,7 @@ from verl.protocol import DataProto
 from verl.trainer.config import OptimConfig
 from verl.trainer.core_algos import LOSS_AGG_MODES
 from verl.utils.fsdp import clip_grad_norm
+from verl.utils.tracking import progress
 
 # micro-batch tensors -> (the loss summed over its units, metrics of this micro-batch)
 MicroLoss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -28,7 +29,7 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
     model.train()
     history: dict[str, list[float]] = {}
     for _ in range(epochs):
-        for mini in data.split(mini_batch_size):
+        for mini in progress(data.split(mini_batch_size), desc=f"{prefix} mini-batches", leave=False):
             optimizer.zero_grad()
             micros = [micro.to(device) for micro in mini.split(micro_batch_size)]
             units = sum(LOSS_AGG_MODES[loss_agg_mode](m.batch[mask_key], m.batch[mask_key])[1] for m in micros)
