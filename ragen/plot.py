@@ -39,6 +39,11 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
+def curve(axes, points: tuple[list[int], list[float]], **style) -> None:
+    if points[0]:  # a metric the run never logged gets no legend entry
+        axes.plot(*points, **style)
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     import matplotlib
 
@@ -55,13 +60,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         figure, axes = plt.subplots(figsize=(7, 4))
         if isinstance(metric, str):  # one curve per env tag, train and val
             for i, tag in enumerate(tags):
-                color = f"C{i}"
-                axes.plot(*series(rows, f"train/{tag}/{metric}"), color=color, label=f"{tag} (train)")
-                axes.plot(*series(rows, f"val-env/{tag}/{metric}"), color=color, linestyle="--", marker="o",
-                          label=f"{tag} (val)")
+                curve(axes, series(rows, f"train/{tag}/{metric}"), color=f"C{i}", label=f"{tag} (train)")
+                curve(axes, series(rows, f"val-env/{tag}/{metric}"), color=f"C{i}", linestyle="--", marker="o",
+                      label=f"{tag} (val)")
         else:
             for key in metric:
-                axes.plot(*series(rows, key), label=key)
+                curve(axes, series(rows, key), label=key)
         axes.set(title=title, xlabel="training step", ylabel=ylabel)
         if axes.lines:
             axes.legend(fontsize="small")
