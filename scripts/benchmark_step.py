@@ -57,31 +57,25 @@ def main() -> None:
         "position_ids": torch.arange(t).repeat(n, 1), "loss_mask": torch.ones(n, t),
         "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t),
         "adv_mask": torch.ones(n, t), "returns": torch.randn(n, t)})
-    start = time.perf_counter()
-    data = data.union(worker.compute_log_prob(data))
-    score_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    worker.update_actor(data)
-    update_seconds = time.perf_counter() - start
-    print(f"old log-probs: {n} x {t} tokens: {n * t / score_seconds:7.1f} tokens/s ({score_seconds:.1f} s)")
-    print(f"update (fwd+bwd+step, micro-batch {args.micro_batch}): {n} x {t} tokens: "
-          f"{n * t / update_seconds:7.1f} tokens/s ({update_seconds:.1f} s)")
+    data = data.union(timed_tokens("old log-probs", n * t, lambda: worker.compute_log_prob(data)))
+    timed_tokens(f"update (fwd+bwd+step, micro-batch {args.micro_batch})", n * t, lambda: worker.update_actor(data))
 
     critic_config = CriticConfig(model=ModelConfig(path=path), ppo_mini_batch_size=n, ppo_epochs=1,
                                  ppo_micro_batch_size_per_gpu=args.micro_batch,
                                  forward_micro_batch_size_per_gpu=config.rollout.log_prob_micro_batch_size_per_gpu)
     critic = CriticWorker(critic_config, rank=0, world_size=1, init_method=None)
     critic.init_model()
-    start = time.perf_counter()
-    data = data.union(critic.compute_values(data))
-    values_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    critic.update_critic(data)
-    critic_seconds = time.perf_counter() - start
-    print(f"critic values: {n} x {t} tokens: {n * t / values_seconds:7.1f} tokens/s ({values_seconds:.1f} s)")
-    print(f"critic update (micro-batch {args.micro_batch}): {n} x {t} tokens: "
-          f"{n * t / critic_seconds:7.1f} tokens/s ({critic_seconds:.1f} s)")
+    data = data.union(timed_tokens("critic values", n * t, lambda: critic.compute_values(data)))
+    timed_tokens(f"critic update (micro-batch {args.micro_batch})", n * t, lambda: critic.update_critic(data))
 
+
+def timed_tokens(label: str, tokens: int, work):
+    """Run `work()`, print its throughput over `tokens` tokens, return its result."""
+    start = time.perf_counter()
+    result = work()
+    seconds = time.perf_counter() - start
+    print(f"{label}: {tokens} tokens: {tokens / seconds:7.1f} tokens/s ({seconds:.1f} s)")
+    return result
 
 if __name__ == "__main__":
     main()
