@@ -15,7 +15,8 @@ from pathlib import Path
 
 CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "rollout/in_group_std",
                 "actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/vf_loss", "val/reward_mean",
-                "val/success_rate", "timing_s/gen", "timing_s/update_actor", "timing_s/val", "timing_s/step"]
+                "val/success_rate", "sft/loss", "val/loss", "val/format_accuracy",
+                "val/action_accuracy", "timing_s/gen", "timing_s/update_actor", "timing_s/val", "timing_s/step"]
 
 
 class Tracking:

@@ -130,7 +130,7 @@ class ActorRolloutRefWorker(Worker):
         """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""
         cfg, mask = self.config.actor, batch["loss_mask"]
         aggregate = LOSS_AGG_MODES[cfg.loss_agg_mode]
-        log_probs, entropy = self._forward(self.model, batch, with_entropy=True)
+        log_probs, entropy = token_log_probs(self.model, batch, with_entropy=True)
         pg_losses, pg_metrics = compute_policy_loss(
             log_probs=log_probs, old_log_probs=batch["old_log_probs"], advantages=batch["advantages"],
             loss_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
@@ -150,20 +150,22 @@ class ActorRolloutRefWorker(Worker):
     def _score(self, model: torch.nn.Module, data: DataProto) -> torch.Tensor:
         model.eval()
         micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
-        log_probs = torch.cat([self._forward(model, micro.to(self.device).batch, with_entropy=False)[0]
+        log_probs = torch.cat([token_log_probs(model, micro.to(self.device).batch, with_entropy=False)[0]
                                for micro in data.split(micro_size)]).cpu()
         model.reshard()  # no backward follows: free the root's gathered weights
         return log_probs
 
-    def _forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked."""
-        input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
-        logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits  # (B, T, V)
-        logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-        log_probs = torch.nn.functional.pad(log_probs, (1, 0))  # (B, T): token 0 has no prediction
-        entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
-        return log_probs, entropy
 
+def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked: column t is
+    about token t given the tokens before it; column 0, which nothing predicts, is 0. Used by the PPO
+    update, the scoring passes and the SFT loss (ragen/sft/trainer.py)."""
+    input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"]).logits  # (B, T, V)
+    logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    log_probs = torch.nn.functional.pad(log_probs, (1, 0))  # (B, T): token 0 has no prediction
+    entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+    return log_probs, entropy

@@ -1,0 +1,159 @@
+"""Expert conversations for the supervised warm start: `bash sft/generate_data.sh sokoban`.
+
+The oracle agents of ragen/envs/baselines.py (BFS for Sokoban, value iteration for FrozenLake, ...) play
+the recipe's training environments through the very rollout loop that RL runs (`AgentProxy`). The one
+thing swapped out is the model: `ExpertPolicy` answers each prompt with the oracle's next actions in the
+reply format, `<think>…</think><answer>a || b</answer>`. So the system prompt, the state messages, the
+chat template, the forced `<think>` opening, the action separator and the per-turn action limit are those
+of an RL trajectory of the same recipe, token for token; SFT teaches exactly the format RL uses.
+
+Each row is one episode: its token ids and loss mask (1 on the reply tokens, as in RL), the rendered
+text, the turns in words (state, reply, actions, reward), and the seed that reproduces it. Train and
+test seeds never overlap, and both lie far from the validation seeds of training (`trainer.seed` +
+1,000,000). The file's metadata records the recipe and a fingerprint of the tokenizer; the SFT trainer
+refuses data made with another tokenizer.
+
+    python -m ragen.sft.data --env sokoban --train-size 1000 --test-size 64 --output data/sft/sokoban
+"""
+
+import argparse
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragen.config import EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
+from ragen.env_state_manager import EnvState, EnvStateManager
+from ragen.envs.baselines import ORACLE_PLANS
+from ragen.train import make_agent
+from verl.protocol import DataProto
+from verl.utils.model import load_tokenizer, resolve_model_path
+
+EPISODES_PER_ROLLOUT = 64  # environments played side by side
+
+
+class ExpertPolicy:
+    """Takes the actor worker group's place in `AgentProxy`: replies with the oracle's actions.
+
+    The oracle is privileged (it reads the true environment state), so it is handed the environments;
+    `generate_sequences` gets the prompts of the unfinished environments in their order, as the loop sends them.
+    """
+
+    def __init__(self, env_manager: EnvStateManager, tokenizer, max_actions_per_turn: int, action_sep: str,
+                 enable_think: bool, seed: int = 0):
+        self.env_manager, self.tokenizer = env_manager, tokenizer
+        self.max_actions_per_turn, self.action_sep, self.enable_think = max_actions_per_turn, action_sep, enable_think
+        self.rng = np.random.default_rng([seed, 2])
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        active = [state for state in self.env_manager.states if not state.done]
+        assert len(active) == len(prompts), "the prompts are those of the unfinished environments, in order"
+        replies = [self.reply(state) for state in active]
+        # the prompt already ends with the forced "<think>"; the reply continues after it, like a sampled one
+        ids = [self.tokenizer.encode(reply, add_special_tokens=False) for reply in replies]
+        return DataProto(non_tensor_batch={"response_ids": ids})
+
+    def reply(self, state: EnvState) -> str:
+        """The oracle's next actions (as many as one turn may hold), or a random one where it has no plan."""
+        env = state.env.unwrapped
+        if type(env) not in ORACLE_PLANS:
+            raise ValueError(f"no oracle for {type(env).__name__} (env tag {state.tag!r}); add its planner to "
+                             "ragen.envs.baselines.ORACLE_PLANS to generate SFT data for it")
+        plan = ORACLE_PLANS[type(env)](env)
+        actions = plan[:min(self.max_actions_per_turn, state.actions_left)] or [env.sample_action(self.rng)]
+        answer = f"<answer>{f' {self.action_sep} '.join(actions)}</answer>"
+        if not self.enable_think:
+            return answer
+        thought = f"The best next action{'s are' if len(actions) > 1 else ' is'} {', '.join(actions)}."
+        return f"{thought}</think>{answer}"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Changes with the vocabulary, the special tokens or the chat template: what the token ids depend on."""
+    content = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
+                          tokenizer.chat_template])
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
+def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
+    """One row per seed: the oracle's episode from that start state, as the RL loop records it."""
+    cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+    tags = cfg.es_manager.train.env_configs.tags
+    columns: dict[str, list] = {key: [] for key in ("tag", "seed", "split", "success", "reward", "num_turns",
+                                                   "input_ids", "loss_mask", "text", "turns")}
+    for start in range(seeds.start, seeds.stop, EPISODES_PER_ROLLOUT):
+        batch_size = min(EPISODES_PER_ROLLOUT, seeds.stop - start)
+        # seeds start, start+1, ...: the env-state manager's seed for group g at step 0 is seed + g
+        cfg.es_manager.train = EnvGroupsConfig(env_groups=batch_size, group_size=1,
+                                               env_configs=EnvMixConfig(tags=list(tags), n_groups=[]))
+        cfg.trainer.seed = start
+        agent = make_agent(cfg, "train", None, tokenizer)
+        agent.actor_rollout_wg = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy.max_actions_per_turn,
+                                              cfg.agent_proxy.action_sep, cfg.agent_proxy.enable_think, seed=start)
+        rollout = agent.rollout(step=0)
+        lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
+        for i, record in enumerate(rollout.records):
+            ids = rollout.batch.batch["input_ids"][i, :lengths[i]].tolist()
+            columns["tag"].append(record["tag"])
+            columns["seed"].append(record["seed"])
+            columns["split"].append(split)
+            columns["success"].append(record["success"])
+            columns["reward"].append(record["reward"])
+            columns["num_turns"].append(len(record["turns"]))
+            columns["input_ids"].append(ids)
+            columns["loss_mask"].append(rollout.batch.batch["loss_mask"][i, :lengths[i]].to(int).tolist())
+            columns["text"].append(tokenizer.decode(ids))
+            columns["turns"].append(json.dumps(record["turns"]))
+    table = pa.table(columns)
+    metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
+                "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags))}
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Written whole: a staging file renamed into place, so a killed run never leaves a file that looks complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, staging)
+    staging.replace(path)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", required=True, help="a recipe in config/ (sokoban, frozen_lake, bandit, countdown): "
+                                                     "its training envs, reply format and model's tokenizer")
+    parser.add_argument("--train-size", type=int, default=1000, help="episodes in train.parquet")
+    parser.add_argument("--test-size", type=int, default=64, help="episodes in test.parquet")
+    parser.add_argument("--seed", type=int, default=0, help="first train seed; test seeds follow the train seeds")
+    parser.add_argument("--output", type=Path, help="folder for train.parquet and test.parquet (default data/sft/<env>)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. agent_proxy.max_turn=3")
+    args = parser.parse_args(argv)
+    if args.train_size < 1 or args.test_size < 0:
+        parser.error("--train-size must be >= 1 and --test-size >= 0")
+    if args.seed < 0 or args.seed + args.train_size + args.test_size > 1_000_000:
+        parser.error("seeds must lie in [0, 1000000): the validation start states of training begin there")
+    output = args.output or Path("data/sft") / args.env
+
+    test_start = args.seed + args.train_size
+    for split, seeds in (("train", range(args.seed, test_start)),
+                         ("test", range(test_start, test_start + args.test_size))):
+        if not seeds:
+            continue
+        start = time.perf_counter()
+        table = expert_episodes(load_config(args.env, args.overrides), seeds, split)
+        write_parquet(table, output / f"{split}.parquet")
+        success = np.mean(table.column("success").to_pylist())
+        tokens = sum(len(ids) for ids in table.column("input_ids").to_pylist())
+        print(f"{output / f'{split}.parquet'}: {table.num_rows} episodes, {tokens} tokens, oracle success "
+              f"{success:.3f} ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

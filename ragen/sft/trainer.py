@@ -1,0 +1,335 @@
+"""LoRA fine-tuning on expert conversations: `bash sft/finetune_lora.sh sokoban 2 checkpoints/sft/sokoban`.
+
+Launched with torchrun: every rank loads the model, wraps it in a PEFT LoRA adapter and shards it with
+FSDP2 (verl/utils/fsdp.py), exactly like the RL actor; each optimizer step takes `train_batch_size`
+conversations, split evenly over the ranks (data parallel; gloo on CPU, NCCL on GPUs). The loss is the
+negative log-likelihood of the reply tokens only (`loss_mask`, as in RL), averaged over all reply tokens
+of the step on all ranks together, so the update does not depend on the number of ranks.
+
+After every epoch the run evaluates on the test split (loss, and format / action accuracy of greedy
+replies to the test prompts) and writes the adapter to `trainer.default_local_dir` in PEFT's format;
+`sft/utils/merge_lora.py` merges it into a full model that `train.sh` takes as `model_path`. A killed run
+keeps the adapter of its last finished epoch.
+"""
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import hydra
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from ragen.config import AgentProxyConfig, ConfigError
+from ragen.context_manager import ANSWER_CLOSE, parse_reply
+from ragen.sft.data import tokenizer_fingerprint
+from verl.protocol import DataProto
+from verl.trainer.config import LoraConfig, ModelConfig, OptimConfig
+from verl.utils.fsdp import full_state_dict, init_single_rank_group, shard_model
+from verl.utils.lora import apply_lora, merge_lora, save_adapter
+from verl.utils.model import attention_implementation, load_causal_lm, load_tokenizer, resolve_model_path
+from verl.utils.tracking import Tracking
+from verl.workers.actor import token_log_probs
+from verl.workers.ppo_update import make_optimizer, ppo_update
+from verl.workers.rollout import SamplingParams
+from verl.workers.rollout.hf_rollout import HFRollout
+
+
+@dataclass
+class SFTDataConfig:
+    train_file: str = "data/sft/${env}/train.parquet"  # written by sft/generate_data.sh
+    test_file: str = "data/sft/${env}/test.parquet"
+    max_length: int = 4096  # longer conversations are an error, not silently cut
+
+
+@dataclass
+class SFTTrainerConfig:
+    total_epochs: int = 2
+    train_batch_size: int = 16  # conversations per optimizer step, over all ranks
+    micro_batch_size_per_gpu: int = 2  # conversations per forward/backward (gradient accumulation)
+    grad_clip: float = 1.0
+    default_local_dir: str = "checkpoints/sft/${env}"  # the adapter, the config and the logs
+    project_name: str = "ragen-sft"
+    experiment_name: str = "${env}-lora"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | wandb | tensorboard
+    seed: int = 0  # data order
+
+
+@dataclass
+class SFTEvalConfig:
+    max_turns: int = 128  # test replies generated (greedily) for format/action accuracy; 0 skips generation
+    max_new_tokens: int = 64  # per reply
+    batch_size: int = 32  # prompts per generate call
+
+
+@dataclass
+class SFTConfig:
+    env: str = "sokoban"  # names the data folder and the run
+    model_path: str = "bundled:SmolLM2-135M-Instruct"  # must have the tokenizer the data was made with
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=lambda: LoraConfig(rank=64, alpha=32))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(
+        lr=1e-4, lr_scheduler="cosine", lr_warmup_steps=5, total_training_steps=-1))  # length: set from the data
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
+
+
+ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
+
+
+@dataclass
+class Split:
+    """Conversations of one parquet file: token ids and reply masks, plus what the evaluation needs."""
+
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    expert_replies: list[list[str]]  # per conversation, the oracle's reply of each turn
+    reply_format: AgentProxyConfig  # the recipe's format settings, recorded by the data generator
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def load_split(path: str, tokenizer, max_length: int) -> Split:
+    if not Path(path).is_file():
+        raise ConfigError(f"no SFT data at {path}: generate it with `bash sft/generate_data.sh <env>` "
+                          "(or point data.train_file / data.test_file at it)")
+    table = pq.read_table(path)
+    metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    if metadata.get("ragen.tokenizer") != tokenizer_fingerprint(tokenizer):
+        raise ConfigError(f"{path} was tokenized for model_path={metadata.get('ragen.model_path')!r}, whose tokenizer "
+                          "differs from this model's: regenerate the data with the same model_path")
+    input_ids, loss_mask = table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
+    too_long = [i for i, ids in enumerate(input_ids) if len(ids) > max_length]
+    if too_long:
+        raise ConfigError(f"{len(too_long)} conversations of {path} exceed data.max_length={max_length} tokens "
+                          f"(longest {max(len(input_ids[i]) for i in too_long)}): raise data.max_length")
+    replies = [[turn["response"] for turn in json.loads(turns)] for turns in table.column("turns").to_pylist()]
+    reply_format = AgentProxyConfig(**{k: v for k, v in json.loads(metadata["ragen.agent_proxy"]).items()
+                                       if k != "reward_normalization"})
+    return Split(input_ids, loss_mask, replies, reply_format)
+
+
+def collate(split: Split, indices, pad_id: int) -> DataProto:
+    """Right-padded (B, T) tensors in the layout the actor's forward takes."""
+    width = max(len(split.input_ids[i]) for i in indices)
+    batch = {"input_ids": torch.full((len(indices), width), pad_id, dtype=torch.long),
+             "attention_mask": torch.zeros((len(indices), width), dtype=torch.long),
+             "position_ids": torch.zeros((len(indices), width), dtype=torch.long),
+             "loss_mask": torch.zeros((len(indices), width), dtype=torch.float32)}
+    for row, i in enumerate(indices):
+        n = len(split.input_ids[i])
+        batch["input_ids"][row, :n] = torch.tensor(split.input_ids[i])
+        batch["attention_mask"][row, :n] = 1
+        batch["position_ids"][row, :n] = torch.arange(n)
+        batch["loss_mask"][row, :n] = torch.tensor(split.loss_mask[i], dtype=torch.float32)
+    return DataProto(batch=batch)
+
+
+def reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of every run of reply tokens: one per assistant turn."""
+    spans, start = [], None
+    for t, m in enumerate(loss_mask + [0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            spans, start = spans + [(start, t)], None
+    return spans
+
+
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig, rank: int, world_size: int, device: torch.device):
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        _check_config(cfg, world_size)
+        if rank == 0:  # the bundled model is converted once, by one rank
+            resolve_model_path(cfg.model.path)
+        dist.barrier()
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.train = load_split(cfg.data.train_file, self.tokenizer, cfg.data.max_length)
+        self.test = load_split(cfg.data.test_file, self.tokenizer, cfg.data.max_length)
+        self.steps_per_epoch = len(self.train) // cfg.trainer.train_batch_size
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"{len(self.train)} training conversations do not fill one batch of "
+                              f"trainer.train_batch_size={cfg.trainer.train_batch_size}")
+        cfg.optim.total_training_steps = cfg.trainer.total_epochs * self.steps_per_epoch
+
+        model = load_causal_lm(self.model_path, "float32", attention_implementation(cfg.model.dtype)).to(device)
+        model.config.use_cache = False
+        if cfg.model.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=cfg.lora.target_modules)
+        shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
+        self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
+        self.generator = HFRollout(self.model_path, self.tokenizer, cfg.model.dtype, device, prefix_cache=False) \
+            if cfg.eval.max_turns > 0 else None
+        self.tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
+                                cfg.trainer.experiment_name, config=asdict(cfg)) if rank == 0 else None
+
+    def fit(self) -> dict[str, float]:
+        cfg = self.cfg.trainer
+        per_rank = cfg.train_batch_size // self.world_size
+        step, metrics = 0, self.evaluate()
+        self._log(metrics, step)
+        for epoch in range(cfg.total_epochs):
+            order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train))  # same on every rank
+            for s in range(self.steps_per_epoch):
+                batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
+                rows = batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank]
+                metrics = ppo_update(self.model, self.optimizer, collate(self.train, rows, self.tokenizer.pad_token_id),
+                                     self._nll, mini_batch_size=per_rank, micro_batch_size=cfg.micro_batch_size_per_gpu,
+                                     epochs=1, grad_clip=cfg.grad_clip, mask_key="loss_mask",
+                                     loss_agg_mode="token-mean", device=self.device, prefix="sft")
+                self.lr_scheduler.step()
+                step += 1
+                metrics = _mean_over_ranks(metrics) | {"sft/epoch": epoch + (s + 1) / self.steps_per_epoch}
+                if s == self.steps_per_epoch - 1:
+                    metrics |= self.evaluate()
+                self._log(metrics, step)
+            self.save(epoch + 1)
+        if self.tracker is not None:
+            self.tracker.finish()
+        return metrics
+
+    def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The summed negative log-likelihood of the reply tokens of a micro-batch (ppo_update averages it)."""
+        log_probs, _ = token_log_probs(self.model, batch, with_entropy=False)
+        mask = batch["loss_mask"]
+        nll = -(log_probs * mask).sum()
+        return nll, {"loss": (nll / mask.sum().clamp(min=1)).item()}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Test-split loss (teacher-forced) and, for up to `eval.max_turns` test turns, whether the greedy reply
+        is well-formed (`val/format_accuracy`) and names the expert's actions (`val/action_accuracy`)."""
+        self.model.eval()
+        totals = torch.zeros(5, dtype=torch.float64)  # nll, reply tokens, turns scored, well-formed, expert actions
+        rows = list(range(self.rank, len(self.test), self.world_size))
+        per_rank = -(-len(self.test) // self.world_size)  # every rank runs as many forwards (FSDP all-gathers)
+        micro = self.cfg.trainer.micro_batch_size_per_gpu
+        for start in range(0, per_rank, micro):
+            chunk = rows[start:start + micro] or [0]  # a rank out of rows runs a dummy forward and counts nothing
+            batch = collate(self.test, chunk, self.tokenizer.pad_token_id).to(self.device).batch
+            log_probs, _ = token_log_probs(self.model, batch, with_entropy=False)
+            if rows[start:start + micro]:
+                totals[0] -= (log_probs * batch["loss_mask"]).sum().item()
+                totals[1] += batch["loss_mask"].sum().item()
+        self.model.reshard()
+        if self.generator is not None:
+            lora = self.cfg.lora
+            weights = merge_lora(full_state_dict(self.model), lora.alpha / lora.rank)  # a collective
+            self.generator.sync_weights(weights)
+            totals[2:] += self._score_replies()
+        dist.all_reduce(totals)
+        metrics = {"val/loss": float(totals[0] / max(totals[1], 1))}
+        if self.generator is not None:
+            metrics |= {"val/format_accuracy": float(totals[3] / max(totals[2], 1)),
+                        "val/action_accuracy": float(totals[4] / max(totals[2], 1))}
+        return metrics
+
+    def _score_replies(self) -> torch.Tensor:
+        """(turns, well-formed, expert actions) over this rank's share of the first `max_turns` test turns."""
+        fmt, cfg = self.test.reply_format, self.cfg.eval
+        turns = [(i, start, k) for i in range(len(self.test))
+                 for k, (start, _) in enumerate(reply_spans(self.test.loss_mask[i]))][:cfg.max_turns]
+        mine = turns[self.rank::self.world_size]
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, stop=[ANSWER_CLOSE])
+        think_open = "<think>" if fmt.enable_think else ""
+        counts = torch.zeros(3, dtype=torch.float64)
+        for start in range(0, len(mine), cfg.batch_size):
+            chunk = mine[start:start + cfg.batch_size]
+            responses = self.generator.generate([self.test.input_ids[i][:s] for i, s, _ in chunk], sampling)
+            for (i, _, k), response in zip(chunk, responses):
+                text = think_open + self.tokenizer.decode(response, skip_special_tokens=True)
+                text = text[:text.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)] if ANSWER_CLOSE in text else text
+                parsed = parse_reply(text, fmt.enable_think, fmt.action_sep, fmt.max_actions_per_turn)
+                expert = parse_reply(self.test.expert_replies[i][k], fmt.enable_think, fmt.action_sep,
+                                     fmt.max_actions_per_turn)
+                counts += torch.tensor([1.0, parsed.format_ok, parsed.format_ok and parsed.actions == expert.actions])
+        return counts
+
+    def save(self, epoch: int) -> None:
+        """The adapter (PEFT format), the tokenizer and the config in `default_local_dir`, each file replaced
+        whole, so the folder always holds one finished epoch's adapter."""
+        weights = full_state_dict(self.model)  # a collective: every rank takes part, rank 0 writes
+        if self.rank == 0:
+            target = Path(self.cfg.trainer.default_local_dir)
+            staging = target / ".staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            save_adapter(self.model, weights, staging)
+            self.tokenizer.save_pretrained(staging)
+            OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
+            (staging / "sft_state.json").write_text(json.dumps({"epoch": epoch, "base_model": self.model_path}))
+            for file in staging.iterdir():
+                os.replace(file, target / file.name)
+            staging.rmdir()
+            print(f"[sft] epoch {epoch}: adapter saved to {target}", flush=True)
+        dist.barrier()
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        if self.tracker is not None:
+            self.tracker.log(metrics, step)
+
+
+def _mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    keys = sorted(metrics)
+    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(values)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, values)}
+
+
+def _check_config(cfg: SFTConfig, world_size: int) -> None:
+    t = cfg.trainer
+    checks = [
+        (cfg.lora.rank >= 1, "lora.rank must be >= 1: this trainer fine-tunes LoRA adapters"),
+        (t.total_epochs >= 1, "trainer.total_epochs must be >= 1"),
+        (t.micro_batch_size_per_gpu >= 1, "trainer.micro_batch_size_per_gpu must be >= 1"),
+        (t.train_batch_size % (world_size * t.micro_batch_size_per_gpu) == 0,
+         f"trainer.train_batch_size={t.train_batch_size} must be a multiple of the ranks ({world_size}) x "
+         f"trainer.micro_batch_size_per_gpu ({t.micro_batch_size_per_gpu})"),
+        (cfg.optim.lr > 0, "optim.lr must be > 0"),
+        (cfg.eval.max_turns >= 0 and cfg.eval.max_new_tokens >= 1 and cfg.eval.batch_size >= 1,
+         "eval.max_turns must be >= 0, eval.max_new_tokens and eval.batch_size >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """torchrun's ranks (RANK, WORLD_SIZE, LOCAL_RANK in the environment), or one rank when run directly."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if world_size == 1:
+        init_single_rank_group(backend)
+    else:
+        dist.init_process_group(backend)  # env:// from torchrun
+    return rank, world_size, device
+
+
+@hydra.main(config_path="../../config", config_name="sft", version_base="1.3")
+def main(cfg) -> None:
+    rank, world_size, device = init_distributed()
+    try:
+        SFTTrainer(OmegaConf.to_object(cfg), rank, world_size, device).fit()
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The SFT warm start: expert data in the RL format, LoRA fine-tuning under torchrun, merging, RL from the result."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ragen.config import ConfigError, load_config
+from ragen.context_manager import ContextManager, parse_reply
+from ragen.envs import make_env
+from ragen.envs.baselines import ORACLE_PLANS
+from ragen.sft.data import expert_episodes, main as generate_main, tokenizer_fingerprint
+from ragen.sft.trainer import load_split, reply_spans
+from verl.utils.model import eos_token_ids
+
+REPO = Path(__file__).parents[2]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int], list[int]]:
+    """The conversation rebuilt by hand from its turns with the RL context manager, the env and the oracle's replies."""
+    cfg = load_config(recipe)
+    spec = cfg.custom_envs[row["tag"]]
+    env = make_env(spec.env_type, dict(spec.env_config))
+    context = ContextManager(tokenizer, cfg.agent_proxy, {row["tag"]: env.instructions},
+                             {row["tag"]: env.example_action}, eos_token_ids(model_path, tokenizer))
+    obs, _ = env.reset(seed=row["seed"])
+    actions_left = spec.max_actions_per_traj
+    trajectory = context.start(row["tag"], obs, actions_left)
+    turns = json.loads(row["turns"])
+    for k, turn in enumerate(turns):
+        assert turn["state"] == obs
+        context.add_response(trajectory, tokenizer.encode(turn["response"].removeprefix("<think>"),
+                                                          add_special_tokens=False))
+        for action in turn["actions"]:
+            obs, _, terminated, truncated, _ = env.step(action)
+            actions_left -= 1
+        if k + 1 < len(turns):
+            assert context.add_observation(trajectory, obs, turn["reward"], actions_left,
+                                           cfg.actor_rollout_ref.rollout.response_length)
+    return trajectory.input_ids, trajectory.loss_mask
+
+
+def test_sokoban_data_matches_the_context_manager_token_for_token(bundled_model_path, tokenizer):
+    table = expert_episodes(load_config("sokoban"), range(100, 112), "train")
+    rows = table.to_pylist()
+    assert [r["seed"] for r in rows] == list(range(100, 112))
+    assert sum(r["success"] for r in rows) >= 10  # BFS solves nearly every 6x6 one-box level within 10 actions
+    for row in rows:
+        input_ids, loss_mask = replay(row, "sokoban", tokenizer, bundled_model_path)
+        assert row["input_ids"] == input_ids and row["loss_mask"] == loss_mask
+        assert row["text"] == tokenizer.decode(input_ids)
+        turns = json.loads(row["turns"])
+        spans = reply_spans(row["loss_mask"])
+        assert len(spans) == len(turns) == row["num_turns"]
+        for (start, end), turn in zip(spans, turns):  # the trained tokens are exactly the replies
+            assert "<think>" + tokenizer.decode(row["input_ids"][start:end]) == turn["response"]
+            parsed = parse_reply(turn["response"], True, "||", 2)
+            assert parsed.format_ok and parsed.actions == turn["actions"] and turn["format_ok"]
+    metadata = table.schema.metadata
+    assert metadata[b"ragen.tokenizer"].decode() == tokenizer_fingerprint(tokenizer)
+
+
+def test_the_oracle_plays_the_first_moves_of_a_bfs_solution(bundled_model_path):
+    row = expert_episodes(load_config("sokoban"), range(7, 8), "train").to_pylist()[0]
+    env = make_env("sokoban", dict(load_config("sokoban").custom_envs["SimpleSokoban"].env_config))
+    env.reset(seed=7)
+    plan = ORACLE_PLANS[type(env)](env)
+    played = [a for turn in json.loads(row["turns"]) for a in turn["actions"]]
+    assert played == plan[:10] and row["success"] == (len(plan) <= 10)
+    assert all(len(turn["actions"]) <= 2 for turn in json.loads(row["turns"]))  # max_actions_per_turn
+
+
+@pytest.mark.parametrize("recipe", ["frozen_lake", "bandit", "countdown"])
+def test_every_recipe_with_an_oracle_gets_well_formed_data(recipe, bundled_model_path, tokenizer):
+    rows = expert_episodes(load_config(recipe), range(0, 3), "test").to_pylist()
+    for row in rows:
+        input_ids, loss_mask = replay(row, recipe, tokenizer, bundled_model_path)
+        assert row["input_ids"] == input_ids and row["loss_mask"] == loss_mask
+        assert all(turn["format_ok"] for turn in json.loads(row["turns"]))
+
+
+def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, capsys):
+    generate_main(["--env", "bandit", "--train-size", "5", "--test-size", "3", "--seed", "40",
+                   "--output", str(tmp_path)])
+    train, test = pq.read_table(tmp_path / "train.parquet"), pq.read_table(tmp_path / "test.parquet")
+    assert train.column("seed").to_pylist() == list(range(40, 45))
+    assert test.column("seed").to_pylist() == list(range(45, 48))
+    assert "oracle success" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(SystemExit):
+        generate_main(["--env", "bandit", "--train-size", "0"])
+
+
+def test_data_for_another_tokenizer_is_refused(tmp_path, bundled_model_path, tokenizer):
+    generate_main(["--env", "bandit", "--train-size", "2", "--test-size", "0", "--output", str(tmp_path)])
+    assert len(load_split(str(tmp_path / "train.parquet"), tokenizer, 4096)) == 2
+    other = type(tokenizer).from_pretrained(bundled_model_path)
+    other.chat_template = other.chat_template.replace("<|im_start|>", "<|im_start|> ")
+    with pytest.raises(ConfigError, match="regenerate the data"):
+        load_split(str(tmp_path / "train.parquet"), other, 4096)
+    with pytest.raises(ConfigError, match="max_length"):
+        load_split(str(tmp_path / "train.parquet"), tokenizer, 16)
+    with pytest.raises(ConfigError, match="generate_data.sh"):
+        load_split(str(tmp_path / "missing.parquet"), tokenizer, 4096)
+
+
+@pytest.fixture(scope="module")
+def sokoban_data(tmp_path_factory, bundled_model_path) -> Path:
+    folder = tmp_path_factory.mktemp("sft_data")
+    subprocess.run(["bash", str(REPO / "sft" / "generate_data.sh"), "sokoban", "--train-size", "16", "--test-size",
+                    "4", "--output", str(folder)], check=True, env=ENV, capture_output=True)
+    return folder
+
+
+def finetune(data: Path, model_path: str, save_path: Path, ranks: int, *overrides: str) -> list[dict]:
+    command = ["bash", str(REPO / "sft" / "finetune_lora.sh"), "sokoban", str(ranks), str(save_path),
+               f"model_path={model_path}", f"data.train_file={data / 'train.parquet'}",
+               f"data.test_file={data / 'test.parquet'}", "trainer.train_batch_size=8", "trainer.total_epochs=2",
+               "optim.lr=1e-2", "optim.lr_warmup_steps=0", "lora.rank=8", "lora.alpha=16", "eval.max_turns=4", "eval.max_new_tokens=8",
+               *overrides]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads(line) for line in (save_path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(sokoban_data, tiny_model_path, tmp_path_factory) -> tuple[Path, list[dict]]:
+    save_path = tmp_path_factory.mktemp("sft_one_rank")
+    return save_path, finetune(sokoban_data, tiny_model_path, save_path, 1)
+
+
+def test_sft_lowers_the_loss_and_saves_a_peft_adapter(one_rank_run):
+    save_path, metrics = one_rank_run
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]  # 16 conversations / 8 per step x 2 epochs
+    assert metrics[-1]["val/loss"] < metrics[0]["val/loss"] - 0.05
+    assert metrics[-1]["sft/loss"] < metrics[1]["sft/loss"]
+    for m in (metrics[0], metrics[2], metrics[4]):  # before training and after each epoch
+        assert 0.0 <= m["val/format_accuracy"] <= 1.0 and 0.0 <= m["val/action_accuracy"] <= m["val/format_accuracy"]
+    assert {"adapter_config.json", "adapter_model.safetensors", "sft_config.yaml"} <= {p.name for p in save_path.iterdir()}
+    assert json.loads((save_path / "sft_state.json").read_text())["epoch"] == 2
+    assert json.loads((save_path / "adapter_config.json").read_text())["r"] == 8
+
+
+def test_two_ranks_on_gloo_match_one_rank(one_rank_run, sokoban_data, tiny_model_path, tmp_path):
+    _, one = one_rank_run
+    two = finetune(sokoban_data, tiny_model_path, tmp_path, 2)
+    for a, b in zip(one, two, strict=True):
+        for key in ("sft/loss", "val/loss"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def test_bad_sft_config_is_a_clear_error(sokoban_data, tiny_model_path, tmp_path):
+    command = [sys.executable, "-m", "ragen.sft.trainer", f"model_path={tiny_model_path}",
+               f"data.train_file={sokoban_data / 'train.parquet'}", f"data.test_file={sokoban_data / 'test.parquet'}",
+               f"trainer.default_local_dir={tmp_path}", "trainer.train_batch_size=7"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+    assert result.returncode != 0 and "train_batch_size=7 must be a multiple" in result.stderr
+
+
+def test_merged_model_computes_what_base_plus_adapter_computes(one_rank_run, tiny_model_path, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter, _ = one_rank_run
+    output = tmp_path / "merged"
+    subprocess.run([sys.executable, str(REPO / "sft" / "utils" / "merge_lora.py"), "--base_model_name",
+                    tiny_model_path, "--lora_model_path", str(adapter), "--output_path", str(output)],
+                   check=True, env=ENV, capture_output=True)
+    input_ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = base(input_ids).logits
+        adapted_logits = PeftModel.from_pretrained(base, str(adapter)).eval()(input_ids).logits
+        merged_logits = AutoModelForCausalLM.from_pretrained(output, dtype=torch.float32)(input_ids).logits
+    assert not torch.allclose(adapted_logits, base_logits, atol=1e-3)  # the adapter learned something
+    torch.testing.assert_close(merged_logits, adapted_logits, atol=1e-5, rtol=1e-5)
+    assert (output / "model.safetensors").is_file() and (output / "tokenizer.json").is_file()
+
+
+def test_merge_without_an_adapter_is_a_clear_error(tiny_model_path, tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "sft" / "utils" / "merge_lora.py"), "--base_model_name",
+                             tiny_model_path, "--lora_model_path", str(tmp_path), "--output_path",
+                             str(tmp_path / "out")], capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0 and "holds no LoRA adapter" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_rl_trains_from_the_merged_model(one_rank_run, tiny_model_path, tmp_path):
+    from tests.test_train_e2e import read_metrics, train
+
+    adapter, _ = one_rank_run
+    merged = tmp_path / "merged"
+    subprocess.run([sys.executable, str(REPO / "sft" / "utils" / "merge_lora.py"), "--base_model_name",
+                    tiny_model_path, "--lora_model_path", str(adapter), "--output_path", str(merged)],
+                   check=True, env=ENV, capture_output=True)
+    run_dir = tmp_path / "rl"
+    train("sokoban", str(merged), run_dir, "trainer.total_training_steps=1", "trainer.backend=local",
+          "agent_proxy.max_turn=2")
+    assert [m["step"] for m in read_metrics(run_dir)] == [0, 1]
+    assert (run_dir / "global_step_1" / "actor" / "model.safetensors").is_file()
