@@ -17,6 +17,7 @@ refuses data made with another tokenizer.
 """
 
 import argparse
+import copy
 import hashlib
 import json
 import time
@@ -83,6 +84,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
     """One row per seed: the oracle's episode from that start state, as the RL loop records it."""
+    cfg = copy.deepcopy(cfg)  # the batches below rewrite its env groups and seed
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     tags = cfg.es_manager.train.env_configs.tags
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--train-size", type=int, default=1000, help="episodes in train.parquet")
     parser.add_argument("--test-size", type=int, default=64, help="episodes in test.parquet")
     parser.add_argument("--seed", type=int, default=0, help="first train seed; test seeds follow the train seeds")
-    parser.add_argument("--output", type=Path, help="folder for train.parquet and test.parquet (default data/sft/<env>)")
+    parser.add_argument("--output", type=Path, help="folder for train/test.parquet (default data/sft/<env>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. agent_proxy.max_turn=3")
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 0:

@@ -18,6 +18,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import hydra
 import numpy as np
@@ -31,7 +32,7 @@ from ragen.config import AgentProxyConfig, ConfigError
 from ragen.context_manager import ANSWER_CLOSE, parse_reply
 from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
-from verl.trainer.config import LoraConfig, ModelConfig, OptimConfig
+from verl.trainer.config import ModelConfig, OptimConfig
 from verl.utils.fsdp import full_state_dict, init_single_rank_group, shard_model
 from verl.utils.lora import apply_lora, merge_lora, save_adapter
 from verl.utils.model import attention_implementation, load_causal_lm, load_tokenizer, resolve_model_path
@@ -50,8 +51,16 @@ class SFTDataConfig:
 
 
 @dataclass
+class SFTLoraConfig:
+    rank: int = 64  # adapter rank (>= 1)
+    alpha: int = 32  # the adapter's output is scaled by alpha / rank
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names, e.g. [q_proj, v_proj]
+    dropout: float = 0.0
+
+
+@dataclass
 class SFTTrainerConfig:
-    total_epochs: int = 2
+    total_epochs: int = 1
     train_batch_size: int = 16  # conversations per optimizer step, over all ranks
     micro_batch_size_per_gpu: int = 2  # conversations per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
@@ -64,7 +73,7 @@ class SFTTrainerConfig:
 
 @dataclass
 class SFTEvalConfig:
-    max_turns: int = 128  # test replies generated (greedily) for format/action accuracy; 0 skips generation
+    max_turns: int = 64  # test replies generated (greedily) for format/action accuracy; 0 skips generation
     max_new_tokens: int = 64  # per reply
     batch_size: int = 32  # prompts per generate call
 
@@ -74,9 +83,9 @@ class SFTConfig:
     env: str = "sokoban"  # names the data folder and the run
     model_path: str = "bundled:SmolLM2-135M-Instruct"  # must have the tokenizer the data was made with
     model: ModelConfig = field(default_factory=ModelConfig)
-    lora: LoraConfig = field(default_factory=lambda: LoraConfig(rank=64, alpha=32))
+    lora: SFTLoraConfig = field(default_factory=SFTLoraConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(
-        lr=1e-4, lr_scheduler="cosine", lr_warmup_steps=5, total_training_steps=-1))  # length: set from the data
+        lr=2e-4, lr_scheduler="cosine", lr_warmup_steps=5, total_training_steps=-1))  # length: set from the data
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
@@ -166,7 +175,8 @@ class SFTTrainer:
         model.config.use_cache = False
         if cfg.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=cfg.lora.target_modules)
+        self.model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
+                                target_modules=cfg.lora.target_modules, dropout=cfg.lora.dropout)
         shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
         self.generator = HFRollout(self.model_path, self.tokenizer, cfg.model.dtype, device, prefix_cache=False) \

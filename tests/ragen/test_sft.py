@@ -122,7 +122,8 @@ def finetune(data: Path, model_path: str, save_path: Path, ranks: int, *override
     command = ["bash", str(REPO / "sft" / "finetune_lora.sh"), "sokoban", str(ranks), str(save_path),
                f"model_path={model_path}", f"data.train_file={data / 'train.parquet'}",
                f"data.test_file={data / 'test.parquet'}", "trainer.train_batch_size=8", "trainer.total_epochs=2",
-               "optim.lr=1e-2", "optim.lr_warmup_steps=0", "lora.rank=8", "lora.alpha=16", "eval.max_turns=4", "eval.max_new_tokens=8",
+               "optim.lr=1e-2", "optim.lr_warmup_steps=0", "lora.rank=8", "lora.alpha=16", "eval.max_turns=4",
+               "eval.max_new_tokens=8",
                *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -142,7 +143,8 @@ def test_sft_lowers_the_loss_and_saves_a_peft_adapter(one_rank_run):
     assert metrics[-1]["sft/loss"] < metrics[1]["sft/loss"]
     for m in (metrics[0], metrics[2], metrics[4]):  # before training and after each epoch
         assert 0.0 <= m["val/format_accuracy"] <= 1.0 and 0.0 <= m["val/action_accuracy"] <= m["val/format_accuracy"]
-    assert {"adapter_config.json", "adapter_model.safetensors", "sft_config.yaml"} <= {p.name for p in save_path.iterdir()}
+    saved = {p.name for p in save_path.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "sft_config.yaml", "tokenizer.json"} <= saved
     assert json.loads((save_path / "sft_state.json").read_text())["epoch"] == 2
     assert json.loads((save_path / "adapter_config.json").read_text())["r"] == 8
 
