@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragen.config import EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
+from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
 from ragen.env_state_manager import EnvState, EnvStateManager
 from ragen.envs.baselines import ORACLE_PLANS
 from ragen.train import make_agent
@@ -141,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--train-size must be >= 1 and --test-size >= 0")
     if args.seed < 0 or args.seed + args.train_size + args.test_size > 1_000_000:
         parser.error("seeds must lie in [0, 1000000): the validation start states of training begin there")
+    recipes = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("base", "sft"))
+    if args.env not in recipes:
+        parser.error(f"unknown recipe {args.env!r}; the recipes in config/ are {recipes}")
     output = args.output or Path("data/sft") / args.env
 
     test_start = args.seed + args.train_size

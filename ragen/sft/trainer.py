@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,13 @@ class SFTTrainer:
                                 cfg.trainer.experiment_name, config=asdict(cfg)) if rank == 0 else None
 
     def fit(self) -> dict[str, float]:
+        try:
+            return self._fit()
+        finally:
+            if self.tracker is not None:
+                self.tracker.finish()  # wandb uploads, tensorboard flushes, also on Ctrl-C
+
+    def _fit(self) -> dict[str, float]:
         cfg = self.cfg.trainer
         per_rank = cfg.train_batch_size // self.world_size
         step, metrics = 0, self.evaluate()
@@ -192,21 +200,25 @@ class SFTTrainer:
         for epoch in range(cfg.total_epochs):
             order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train))  # same on every rank
             for s in range(self.steps_per_epoch):
+                start = time.perf_counter()
                 batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
-                rows = batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank]
-                metrics = ppo_update(self.model, self.optimizer, collate(self.train, rows, self.tokenizer.pad_token_id),
-                                     self._nll, mini_batch_size=per_rank, micro_batch_size=cfg.micro_batch_size_per_gpu,
-                                     epochs=1, grad_clip=cfg.grad_clip, mask_key="loss_mask",
-                                     loss_agg_mode="token-mean", device=self.device, prefix="sft")
+                batch = collate(self.train, batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank],
+                                self.tokenizer.pad_token_id)
+                metrics = ppo_update(self.model, self.optimizer, batch, self._nll, mini_batch_size=per_rank,
+                                     micro_batch_size=cfg.micro_batch_size_per_gpu, epochs=1,
+                                     grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode="token-mean",
+                                     device=self.device, prefix="sft")
                 self.lr_scheduler.step()
                 step += 1
-                metrics = _mean_over_ranks(metrics) | {"sft/epoch": epoch + (s + 1) / self.steps_per_epoch}
+                seconds = time.perf_counter() - start
+                metrics |= {"perf/tokens_per_s": batch.batch["attention_mask"].sum().item() / seconds}
+                metrics = _mean_over_ranks(metrics)
+                metrics["perf/tokens_per_s"] *= self.world_size  # all ranks together
+                metrics |= {"sft/epoch": epoch + (s + 1) / self.steps_per_epoch, "timing_s/step": seconds}
                 if s == self.steps_per_epoch - 1:
                     metrics |= self.evaluate()
                 self._log(metrics, step)
             self.save(epoch + 1)
-        if self.tracker is not None:
-            self.tracker.finish()
         return metrics
 
     def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:

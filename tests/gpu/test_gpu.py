@@ -2,6 +2,7 @@
 are skipped without CUDA (tests/conftest.py); run them with `python -m pytest tests/gpu -q` on a GPU machine."""
 
 import importlib.util
+import subprocess
 
 import pytest
 import torch
@@ -62,3 +63,14 @@ def test_fsdp_over_nccl_two_ranks_update_like_one(tiny_model_path, tokenizer, tm
     a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("one", "two"))
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-4)
+
+
+def test_sft_on_one_gpu_lowers_the_loss(tiny_model_path, tmp_path):
+    """finetune_lora.sh with 1 rank on CUDA (NCCL group, bf16): the test split's loss falls."""
+    from tests.ragen.test_sft import REPO, finetune
+
+    data = tmp_path / "data"
+    subprocess.run(["bash", str(REPO / "sft" / "generate_data.sh"), "sokoban", "--train-size", "16", "--test-size",
+                    "4", "--output", str(data)], check=True, capture_output=True)
+    metrics = finetune(data, tiny_model_path, tmp_path / "adapter", 1)
+    assert metrics[-1]["val/loss"] < metrics[0]["val/loss"] - 0.05

@@ -95,6 +95,9 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
     assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(SystemExit):
         generate_main(["--env", "bandit", "--train-size", "0"])
+    with pytest.raises(SystemExit):
+        generate_main(["--env", "sokobn"])
+    assert "unknown recipe 'sokobn'" in capsys.readouterr().err
 
 
 def test_data_for_another_tokenizer_is_refused(tmp_path, bundled_model_path, tokenizer):
@@ -166,15 +169,19 @@ def test_bad_sft_config_is_a_clear_error(sokoban_data, tiny_model_path, tmp_path
     assert result.returncode != 0 and "train_batch_size=7 must be a multiple" in result.stderr
 
 
+def merge(base: str, adapter: Path, output: Path) -> Path:
+    subprocess.run([sys.executable, str(REPO / "sft" / "utils" / "merge_lora.py"), "--base_model_name", base,
+                    "--lora_model_path", str(adapter), "--output_path", str(output)],
+                   check=True, env=ENV, capture_output=True)
+    return output
+
+
 def test_merged_model_computes_what_base_plus_adapter_computes(one_rank_run, tiny_model_path, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     adapter, _ = one_rank_run
-    output = tmp_path / "merged"
-    subprocess.run([sys.executable, str(REPO / "sft" / "utils" / "merge_lora.py"), "--base_model_name",
-                    tiny_model_path, "--lora_model_path", str(adapter), "--output_path", str(output)],
-                   check=True, env=ENV, capture_output=True)
+    output = merge(tiny_model_path, adapter, tmp_path / "merged")
     input_ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
@@ -198,10 +205,7 @@ def test_rl_trains_from_the_merged_model(one_rank_run, tiny_model_path, tmp_path
     from tests.test_train_e2e import read_metrics, train
 
     adapter, _ = one_rank_run
-    merged = tmp_path / "merged"
-    subprocess.run([sys.executable, str(REPO / "sft" / "utils" / "merge_lora.py"), "--base_model_name",
-                    tiny_model_path, "--lora_model_path", str(adapter), "--output_path", str(merged)],
-                   check=True, env=ENV, capture_output=True)
+    merged = merge(tiny_model_path, adapter, tmp_path / "merged")
     run_dir = tmp_path / "rl"
     train("sokoban", str(merged), run_dir, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=2")

@@ -1,4 +1,4 @@
-"""The PPO update loop shared by the actor and the critic: epochs, mini-batches, micro-batches.
+"""The update loop shared by the actor, the critic and the SFT trainer: epochs, mini-batches, micro-batches.
 
 A mini-batch is one optimizer step. Its loss is aggregated over the whole mini-batch on every rank
 together (`loss_agg_mode` decides the units: tokens or sequences): each micro-batch's summed loss is divided
