@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ragen.config import AgentProxyConfig
-from ragen.context_manager import ContextManager, Trajectory
+from ragen.context_manager import ContextManager, Trajectory, reply_spans
 from ragen.env_state_manager import EnvState, EnvStateManager
 from verl.protocol import DataProto
 from verl.utils.tracking import progress
@@ -119,13 +119,7 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
 
 def replies(trajectory: Trajectory) -> list[list[int]]:
     """The generated token ids of each turn."""
-    spans, current = [], []
-    for token, generated in zip(trajectory.input_ids, trajectory.loss_mask):
-        if generated:
-            current.append(token)
-        elif current:
-            spans, current = spans + [current], []
-    return spans + [current] if current else spans
+    return [trajectory.input_ids[start:end] for start, end in reply_spans(trajectory.loss_mask)]
 
 
 def repetition_rate(sequences: list[list[int]], n: int = 4) -> float:

@@ -53,6 +53,26 @@ def parse_reply(text: str, enable_think: bool, action_sep: str, max_actions: int
     return ParsedReply(actions=actions[:max_actions], format_ok=bool(actions))
 
 
+def reply_text(tokenizer, response_ids: list[int], think_open: str) -> str:
+    """A reply's text as the parser reads it: the forced opening, the generated ids decoded, cut after
+    `</answer>` (generation stops there, but its last token may carry a few more characters)."""
+    reply = think_open + tokenizer.decode(response_ids, skip_special_tokens=True)
+    if ANSWER_CLOSE in reply:
+        reply = reply[: reply.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
+    return reply
+
+
+def reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of every run of generated tokens in a trajectory: one per assistant turn."""
+    spans, start = [], None
+    for t, generated in enumerate(list(loss_mask) + [0]):
+        if generated and start is None:
+            start = t
+        elif not generated and start is not None:
+            spans, start = spans + [(start, t)], None
+    return spans
+
+
 @dataclass
 class Trajectory:
     """One environment's dialogue as token ids, with a mask over the generated ids."""
@@ -115,10 +135,7 @@ class ContextManager:
         turn = len(trajectory.turn_ends)
         trajectory.extend(response_ids, generated=True, turn=turn)
         trajectory.turn_ends.append(len(trajectory.input_ids) - 1)
-        reply = self.think_open + self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        if ANSWER_CLOSE in reply:  # generation stops at </answer>; its last token may carry a few more chars
-            reply = reply[: reply.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
-        return reply
+        return reply_text(self.tokenizer, response_ids, self.think_open)
 
     def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int,
                         response_length: int) -> bool:

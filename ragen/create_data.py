@@ -39,6 +39,14 @@ def start_states(tag: str, spec: CustomEnvConfig, seeds: Sequence[int], split: s
     return pa.table(rows)
 
 
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Written whole: a staging file renamed into place, so a killed run never leaves a file that looks complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, staging)
+    staging.replace(path)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tags", nargs="+", required=True, help="custom_envs tags from config/base.yaml")
@@ -62,10 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         (args.output / tag).mkdir(parents=True, exist_ok=True)
         for split, seeds in (("train", range(args.seed, test_start)),
                              ("test", range(test_start, test_start + args.test_size))):
-            path = args.output / tag / f"{split}.parquet"
-            staging = path.with_suffix(".parquet.tmp")  # a crash mid-write never leaves a file that looks whole
-            pq.write_table(start_states(tag, custom_envs[tag], seeds, split), staging)
-            staging.replace(path)
+            write_parquet(start_states(tag, custom_envs[tag], seeds, split), args.output / tag / f"{split}.parquet")
         print(f"{tag}: {args.train_size} train + {args.test_size} test rows in {args.output / tag} "
               f"({time.perf_counter() - start:.1f} s)")
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ragen.create_data import write_parquet
 from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
 from ragen.env_state_manager import EnvState, EnvStateManager
 from ragen.envs.baselines import ORACLE_PLANS
@@ -117,14 +117,6 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
     metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
                 "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags))}
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-
-
-def write_parquet(table: pa.Table, path: Path) -> None:
-    """Written whole: a staging file renamed into place, so a killed run never leaves a file that looks complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".parquet.tmp")
-    pq.write_table(table, staging)
-    staging.replace(path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

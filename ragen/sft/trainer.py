@@ -30,7 +30,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from ragen.config import AgentProxyConfig, ConfigError
-from ragen.context_manager import ANSWER_CLOSE, parse_reply
+from ragen.context_manager import ANSWER_CLOSE, parse_reply, reply_spans, reply_text
 from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
 from verl.trainer.config import ModelConfig, OptimConfig
@@ -144,17 +144,6 @@ def collate(split: Split, indices, pad_id: int) -> DataProto:
     return DataProto(batch=batch)
 
 
-def reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
-    """[start, end) of every run of reply tokens: one per assistant turn."""
-    spans, start = [], None
-    for t, m in enumerate(loss_mask + [0]):
-        if m and start is None:
-            start = t
-        elif not m and start is not None:
-            spans, start = spans + [(start, t)], None
-    return spans
-
-
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig, rank: int, world_size: int, device: torch.device):
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
@@ -265,16 +254,17 @@ class SFTTrainer:
         mine = turns[self.rank::self.world_size]
         sampling = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, stop=[ANSWER_CLOSE])
         think_open = "<think>" if fmt.enable_think else ""
+
+        def parse(text: str):
+            return parse_reply(text, fmt.enable_think, fmt.action_sep, fmt.max_actions_per_turn)
+
         counts = torch.zeros(3, dtype=torch.float64)
         for start in range(0, len(mine), cfg.batch_size):
             chunk = mine[start:start + cfg.batch_size]
             responses = self.generator.generate([self.test.input_ids[i][:s] for i, s, _ in chunk], sampling)
             for (i, _, k), response in zip(chunk, responses):
-                text = think_open + self.tokenizer.decode(response, skip_special_tokens=True)
-                text = text[:text.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)] if ANSWER_CLOSE in text else text
-                parsed = parse_reply(text, fmt.enable_think, fmt.action_sep, fmt.max_actions_per_turn)
-                expert = parse_reply(self.test.expert_replies[i][k], fmt.enable_think, fmt.action_sep,
-                                     fmt.max_actions_per_turn)
+                parsed = parse(reply_text(self.tokenizer, response, think_open))
+                expert = parse(self.test.expert_replies[i][k])
                 counts += torch.tensor([1.0, parsed.format_ok, parsed.format_ok and parsed.actions == expert.actions])
         return counts
 

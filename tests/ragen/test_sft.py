@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from ragen.config import ConfigError, load_config
-from ragen.context_manager import ContextManager, parse_reply
+from ragen.context_manager import ContextManager, parse_reply, reply_spans
 from ragen.envs import make_env
 from ragen.envs.baselines import ORACLE_PLANS
 from ragen.sft.data import expert_episodes, main as generate_main, tokenizer_fingerprint
-from ragen.sft.trainer import load_split, reply_spans
+from ragen.sft.trainer import load_split
 from verl.utils.model import eos_token_ids
 
 REPO = Path(__file__).parents[2]
