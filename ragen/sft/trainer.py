@@ -33,12 +33,13 @@ from ragen.config import AgentProxyConfig, ConfigError
 from ragen.context_manager import ANSWER_CLOSE, parse_reply, reply_spans, reply_text
 from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
+from verl.single_controller import Worker
 from verl.trainer.config import ModelConfig, OptimConfig
-from verl.utils.fsdp import full_state_dict, init_single_rank_group, shard_model
-from verl.utils.lora import apply_lora, merge_lora, save_adapter
-from verl.utils.model import attention_implementation, load_causal_lm, load_tokenizer, resolve_model_path
+from verl.utils.fsdp import full_state_dict
+from verl.utils.lora import merge_lora, save_adapter
+from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.utils.tracking import Tracking
-from verl.workers.actor import token_log_probs
+from verl.workers.actor import load_policy, token_log_probs
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
@@ -144,15 +145,19 @@ def collate(split: Split, indices, pad_id: int) -> DataProto:
     return DataProto(batch=batch)
 
 
-class SFTTrainer:
-    def __init__(self, cfg: SFTConfig, rank: int, world_size: int, device: torch.device):
-        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+class SFTTrainer(Worker):
+    """One torchrun rank: its device and process group come from `Worker`, like the RL workers' (the env://
+    rendezvous that torchrun sets up; a lone rank joins a one-rank group)."""
+
+    def __init__(self, cfg: SFTConfig, rank: int, world_size: int):
+        super().__init__(rank, world_size, init_method="env://")
+        self.cfg = cfg
         _check_config(cfg, world_size)
         if rank == 0:  # the bundled model is converted once, by one rank
             resolve_model_path(cfg.model.path)
         dist.barrier()
-        self.model_path = resolve_model_path(cfg.model.path)
-        self.tokenizer = load_tokenizer(self.model_path)
+        cfg.model.path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg.model.path)
         self.train = load_split(cfg.data.train_file, self.tokenizer, cfg.data.max_length)
         self.test = load_split(cfg.data.test_file, self.tokenizer, cfg.data.max_length)
         self.steps_per_epoch = len(self.train) // cfg.trainer.train_batch_size
@@ -161,15 +166,10 @@ class SFTTrainer:
                               f"trainer.train_batch_size={cfg.trainer.train_batch_size}")
         cfg.optim.total_training_steps = cfg.trainer.total_epochs * self.steps_per_epoch
 
-        model = load_causal_lm(self.model_path, "float32", attention_implementation(cfg.model.dtype)).to(device)
-        model.config.use_cache = False
-        if cfg.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
-                                target_modules=cfg.lora.target_modules, dropout=cfg.lora.dropout)
-        shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
+        self.model = load_policy(cfg.model, self.device, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
+                                 target_modules=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
-        self.generator = HFRollout(self.model_path, self.tokenizer, cfg.model.dtype, device, prefix_cache=False) \
+        self.generator = HFRollout(cfg.model.path, self.tokenizer, cfg.model.dtype, self.device, prefix_cache=False) \
             if cfg.eval.max_turns > 0 else None
         self.tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
                                 cfg.trainer.experiment_name, config=asdict(cfg)) if rank == 0 else None
@@ -279,7 +279,7 @@ class SFTTrainer:
             save_adapter(self.model, weights, staging)
             self.tokenizer.save_pretrained(staging)
             OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
-            (staging / "sft_state.json").write_text(json.dumps({"epoch": epoch, "base_model": self.model_path}))
+            (staging / "sft_state.json").write_text(json.dumps({"epoch": epoch, "base_model": self.cfg.model.path}))
             for file in staging.iterdir():
                 os.replace(file, target / file.name)
             staging.rmdir()
@@ -316,31 +316,18 @@ def _check_config(cfg: SFTConfig, world_size: int) -> None:
             raise ConfigError(message)
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """torchrun's ranks (RANK, WORLD_SIZE, LOCAL_RANK in the environment), or one rank when run directly."""
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if world_size == 1:
-        init_single_rank_group(backend)
-    else:
-        dist.init_process_group(backend)  # env:// from torchrun
-    return rank, world_size, device
-
-
 @hydra.main(config_path="../../config", config_name="sft", version_base="1.3")
 def main(cfg) -> None:
-    rank, world_size, device = init_distributed()
+    if torch.cuda.is_available():  # torchrun starts one process per GPU of the node: this one's is LOCAL_RANK
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
     try:
-        SFTTrainer(OmegaConf.to_object(cfg), rank, world_size, device).fit()
+        SFTTrainer(OmegaConf.to_object(cfg), rank, world_size).fit()
     except ConfigError as e:
         sys.exit(f"config error: {e}")
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

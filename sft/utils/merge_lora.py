@@ -9,21 +9,15 @@ a hub id in the local cache). PEFT does the merge: W + (alpha / rank) * B @ A in
 """
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-import torch
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from verl.utils.checkpoint import written_whole
+from verl.utils.model import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
 
 
 def merge(base_model_name: str, lora_model_path: str, output_path: str, dtype: str = "float32") -> Path:
     from peft import PeftModel
-
-    from verl.utils.model import load_causal_lm, load_tokenizer, resolve_model_path
 
     adapter = Path(lora_model_path)
     if not (adapter / "adapter_config.json").is_file():
@@ -32,16 +26,9 @@ def merge(base_model_name: str, lora_model_path: str, output_path: str, dtype: s
     base_path = resolve_model_path(base_model_name)
     model = PeftModel.from_pretrained(load_causal_lm(base_path, "float32"), str(adapter)).merge_and_unload()
     output = Path(output_path)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))  # no half-written model
-    try:
+    with written_whole(output) as staging:  # never a half-written model at output_path
         model.to(DTYPES[dtype]).save_pretrained(staging, safe_serialization=True)
         load_tokenizer(base_path).save_pretrained(staging)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(staging, output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output
 
 
@@ -50,7 +37,7 @@ def main(argv=None) -> None:
     parser.add_argument("--base_model_name", required=True, help="the model the adapter was trained on")
     parser.add_argument("--lora_model_path", required=True, help="the adapter folder (finetune_lora.sh's <save_path>)")
     parser.add_argument("--output_path", required=True, help="folder for the merged model")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="weights' dtype on disk")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' dtype on disk")
     args = parser.parse_args(argv)
     try:
         output = merge(args.base_model_name, args.lora_model_path, args.output_path, args.dtype)

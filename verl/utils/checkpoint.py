@@ -17,7 +17,10 @@ import json
 import os
 import random
 import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -42,14 +45,37 @@ def commit(staging: Path, step: int, trainer_state: dict, keep: int | None) -> P
     """Finish a checkpoint: its trainer state, the atomic rename, the `latest` pointer, then pruning."""
     (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "rng": driver_rng_state()}))
     final = step_dir(staging.parent, step)
-    if final.exists():  # the same step saved again (a resumed run redoing it): the new one wins
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    replace_folder(staging, final)  # the same step saved again (a resumed run redoing it): the new one wins
     _write_atomic(staging.parent / LATEST, str(step))
     if keep is not None:
         for old in sorted(_complete_steps(staging.parent))[:-keep]:
             shutil.rmtree(step_dir(staging.parent, old))
     return final
+
+
+def replace_folder(staging: Path, target: Path) -> None:
+    """Move the finished `staging` folder to `target`, replacing whatever was there (the rename is atomic)."""
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+
+
+@contextmanager
+def written_whole(target: str | Path) -> Iterator[Path]:
+    """A fresh staging folder next to `target` that replaces it when the block ends without error, so no
+    reader ever sees a half-written `target`; after an error the staging folder is removed.
+
+        with written_whole("models/merged") as folder:
+            model.save_pretrained(folder)
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield staging
+        replace_folder(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

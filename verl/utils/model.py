@@ -12,8 +12,6 @@
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -94,9 +92,9 @@ def _convert_gguf(gguf_file: Path, target: Path, source: dict) -> None:
     """Dequantize a GGUF checkpoint into a plain fp32 safetensors folder, written atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    from verl.utils.checkpoint import written_whole
+
+    with written_whole(target) as staging:
         kwargs = dict(gguf_file=gguf_file.name, quantization_config=GgufConfig(str(gguf_file), dequantize=True))
         model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
@@ -107,11 +105,6 @@ def _convert_gguf(gguf_file: Path, target: Path, source: dict) -> None:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "ragen_source.json").write_text(json.dumps(source))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_tokenizer(path: str):

@@ -16,7 +16,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
-from verl.trainer.config import ActorRolloutRefConfig, LoraConfig
+from verl.trainer.config import ActorRolloutRefConfig, LoraConfig, ModelConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
@@ -36,22 +36,13 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, use_reference: bool = False) -> None:
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model.path)
-        attention = attention_implementation(cfg.model.dtype)
-        self.model = load_causal_lm(cfg.model.path, "float32", attention).to(self.device)
-        self.model.config.use_cache = False  # training forwards never reuse a KV cache
-        if cfg.model.enable_gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.lora.rank > 0:
-            self.model = apply_lora(self.model, rank=self.lora.rank, alpha=self.lora.alpha,
-                                    target_modules=self.lora.target_modules)
-        shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
+        self.model = load_policy(cfg.model, self.device, lora_rank=self.lora.rank, lora_alpha=self.lora.alpha,
+                                 target_modules=self.lora.target_modules)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.actor.optim)
         self.ref_model = None
         if use_reference and self.lora.rank == 0:  # the initial policy, frozen (with LoRA: adapter off)
-            self.ref_model = load_causal_lm(cfg.model.path, "float32", attention).to(self.device)
-            self.ref_model.eval().requires_grad_(False)
-            self.ref_model.config.use_cache = False
-            shard_model(self.ref_model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
+            frozen = replace(cfg.model, enable_gradient_checkpointing=False)  # no backward ever runs through it
+            self.ref_model = load_policy(frozen, self.device).eval().requires_grad_(False)
         self.use_reference = use_reference
         engine_cls = ROLLOUT_ENGINES[cfg.rollout.name]
         self.rollout = engine_cls(cfg.model.path, self.tokenizer, cfg.rollout.dtype, self.device)
@@ -98,13 +89,12 @@ class ActorRolloutRefWorker(Worker):
         """The policy as a Hugging Face folder (safetensors; `from_pretrained` loads it) and each rank's
         optimizer, LR-scheduler and RNG state, for an exact resume."""
         weights = full_state_dict(self.model)  # a collective: every rank takes part, rank 0 writes
-        if self.lora.rank > 0:
-            merged = merge_lora(weights, self.lora.alpha / self.lora.rank)
         if self.rank == 0:
             if self.lora.rank > 0:
                 save_adapter(self.model, weights, path)
                 if self.lora.save_merged:
                     base = self.model.get_base_model()
+                    merged = merge_lora(weights, self.lora.alpha / self.lora.rank)
                     base.save_pretrained(f"{path}_merged", state_dict=untied(merged, base.config))
                     self.tokenizer.save_pretrained(f"{path}_merged")
             else:
@@ -154,6 +144,23 @@ class ActorRolloutRefWorker(Worker):
                                for micro in data.split(micro_size)]).cpu()
         model.reshard()  # no backward follows: free the root's gathered weights
         return log_probs
+
+
+def load_policy(model_config: ModelConfig, device: torch.device, *, lora_rank: int = 0, lora_alpha: int = 16,
+                target_modules: str | list[str] = "all-linear", lora_dropout: float = 0.0) -> torch.nn.Module:
+    """The causal LM as the trainers hold it: fp32 master weights on `device`, no KV cache, gradient
+    checkpointing if asked, a LoRA adapter when `lora_rank` > 0, sharded with FSDP2. The RL actor, its frozen
+    reference and the SFT trainer load it here; build the optimizer from it afterwards."""
+    attention = attention_implementation(model_config.dtype)
+    model = load_causal_lm(model_config.path, "float32", attention).to(device)
+    model.config.use_cache = False  # training forwards never reuse a KV cache
+    if model_config.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora_rank > 0:
+        model = apply_lora(model, rank=lora_rank, alpha=lora_alpha, target_modules=target_modules,
+                           dropout=lora_dropout)
+    shard_model(model, param_dtype=model_config.dtype, cpu_offload=model_config.cpu_offload)
+    return model
 
 
 def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
