@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ragen.config import CONFIG_DIR, AgentProxyConfig, EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
 from ragen.create_data import write_parquet
-from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
 from ragen.env_state_manager import EnvState, EnvStateManager
 from ragen.envs.baselines import ORACLE_PLANS
 from ragen.train import make_agent
@@ -46,10 +46,8 @@ class ExpertPolicy:
     `generate_sequences` gets the prompts of the unfinished environments in their order, as the loop sends them.
     """
 
-    def __init__(self, env_manager: EnvStateManager, tokenizer, max_actions_per_turn: int, action_sep: str,
-                 enable_think: bool, seed: int = 0):
-        self.env_manager, self.tokenizer = env_manager, tokenizer
-        self.max_actions_per_turn, self.action_sep, self.enable_think = max_actions_per_turn, action_sep, enable_think
+    def __init__(self, env_manager: EnvStateManager, tokenizer, config: AgentProxyConfig, seed: int = 0):
+        self.env_manager, self.tokenizer, self.config = env_manager, tokenizer, config
         self.rng = np.random.default_rng([seed, 2])
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -67,9 +65,9 @@ class ExpertPolicy:
             raise ValueError(f"no oracle for {type(env).__name__} (env tag {state.tag!r}); add its planner to "
                              "ragen.envs.baselines.ORACLE_PLANS to generate SFT data for it")
         plan = ORACLE_PLANS[type(env)](env)
-        actions = plan[:min(self.max_actions_per_turn, state.actions_left)] or [env.sample_action(self.rng)]
-        answer = f"<answer>{f' {self.action_sep} '.join(actions)}</answer>"
-        if not self.enable_think:
+        actions = plan[:min(self.config.max_actions_per_turn, state.actions_left)] or [env.sample_action(self.rng)]
+        answer = f"<answer>{f' {self.config.action_sep} '.join(actions)}</answer>"
+        if not self.config.enable_think:
             return answer
         thought = f"The best next action{'s are' if len(actions) > 1 else ' is'} {', '.join(actions)}."
         return f"{thought}</think>{answer}"
@@ -97,8 +95,7 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
                                                env_configs=EnvMixConfig(tags=list(tags), n_groups=[]))
         cfg.trainer.seed = start
         agent = make_agent(cfg, "train", None, tokenizer)
-        agent.actor_rollout_wg = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy.max_actions_per_turn,
-                                              cfg.agent_proxy.action_sep, cfg.agent_proxy.enable_think, seed=start)
+        agent.actor_rollout_wg = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start)
         rollout = agent.rollout(step=0)
         lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
         for i, record in enumerate(rollout.records):
