@@ -50,7 +50,8 @@ class AgentProxy:
                 reply = self.context.add_response(trajectory, list(response_ids))
                 parsed = self.context.parse(reply)
                 record = self.env_manager.step(state.env_id, parsed.actions)
-                reward = record.reward + (0.0 if parsed.format_ok else self.format_penalty)
+                penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
+                reward = record.reward + (self.format_penalty if penalised else 0.0)
                 trajectory.turn_rewards.append(reward)
                 trajectory.turn_states.append(shown)
                 trajectory.format_ok.append(parsed.format_ok)

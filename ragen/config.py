@@ -42,7 +42,7 @@ class EnvGroupsConfig:
 
 @dataclass
 class EsManagerConfig:
-    format_penalty: float = -0.1  # added to a turn's reward when the reply is malformed
+    format_penalty: float = -0.1  # added to a turn's reward when the reply is malformed or an action is invalid
     train: EnvGroupsConfig = field(default_factory=EnvGroupsConfig)
     # validation: a fixed set of start states, the same at every validation; group_size > 1 gives pass@k
     val: EnvGroupsConfig = field(default_factory=lambda: EnvGroupsConfig(env_groups=64, group_size=1))
@@ -68,7 +68,7 @@ class AgentProxyConfig:
     max_turn: int = 5  # LLM turns per trajectory
     max_actions_per_turn: int = 2  # actions parsed from one <answer>; extra ones are dropped
     action_sep: str = "||"  # separator between actions inside <answer>
-    enable_think: bool = True  # ask for <think>...</think> before <answer> (and force the opening tag)
+    enable_think: bool = True  # ask for <think>...</think> before <answer>; the prompt opens <think> (false: <answer>)
     max_context_window: int = -1  # turns shown in a prompt, the current one included; -1 shows all
     use_turn_scores: bool = False  # each turn's reward on its last generated token, else the sum on the last
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)

@@ -53,10 +53,16 @@ def parse_reply(text: str, enable_think: bool, action_sep: str, max_actions: int
     return ParsedReply(actions=actions[:max_actions], format_ok=bool(actions))
 
 
-def reply_text(tokenizer, response_ids: list[int], think_open: str) -> str:
+def reply_opening(enable_think: bool) -> str:
+    """The tag every prompt ends with, so that each reply starts inside the format: `<think>`, or `<answer>`
+    when the model answers without thinking (the 135M model rarely opens the tag by itself)."""
+    return "<think>" if enable_think else "<answer>"
+
+
+def reply_text(tokenizer, response_ids: list[int], reply_open: str) -> str:
     """A reply's text as the parser reads it: the forced opening, the generated ids decoded, cut after
     `</answer>` (generation stops there, but its last token may carry a few more characters)."""
-    reply = think_open + tokenizer.decode(response_ids, skip_special_tokens=True)
+    reply = reply_open + tokenizer.decode(response_ids, skip_special_tokens=True)
     if ANSWER_CLOSE in reply:
         reply = reply[: reply.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]
     return reply
@@ -98,7 +104,7 @@ class ContextManager:
         self.tokenizer, self.config = tokenizer, config
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
         self.eos_ids, self.max_model_len = eos_ids, max_model_len
-        self.think_open = "<think>" if config.enable_think else ""
+        self.reply_open = reply_opening(config.enable_think)
         probe = self._render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                               {"role": "assistant", "content": _PROBE}], add_generation_prompt=False)
         self._probe_prefix = probe
@@ -110,7 +116,7 @@ class ContextManager:
         system = [{"role": "system", "content": self._system_prompt(tag)}]
         user = {"role": "user", "content": self._state_message(obs, 1, actions_left, reward=None)}
         system_text = self._render(system, add_generation_prompt=False)
-        text = self._render(system + [user], add_generation_prompt=True) + self.think_open
+        text = self._render(system + [user], add_generation_prompt=True) + self.reply_open
         assert text.startswith(system_text), "chat template renders the system message differently with a user turn"
         trajectory = Trajectory()
         trajectory.extend(self._encode(system_text), generated=False, turn=0)
@@ -135,7 +141,7 @@ class ContextManager:
         turn = len(trajectory.turn_ends)
         trajectory.extend(response_ids, generated=True, turn=turn)
         trajectory.turn_ends.append(len(trajectory.input_ids) - 1)
-        return reply_text(self.tokenizer, response_ids, self.think_open)
+        return reply_text(self.tokenizer, response_ids, self.reply_open)
 
     def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int,
                         response_length: int) -> bool:
@@ -151,7 +157,7 @@ class ContextManager:
         if eos_text and close.startswith(eos_text):  # the model already wrote the template's end-of-turn token
             close = close[len(eos_text):]
         user = self._render_user_turn(self._state_message(obs, turn + 1, actions_left, reward))
-        close_ids, user_ids = self._encode(close), self._encode(user + self.think_open)
+        close_ids, user_ids = self._encode(close), self._encode(user + self.reply_open)
         if not self.fits(trajectory, response_length, added=len(close_ids) + len(user_ids)):
             return False
         trajectory.extend(close_ids, generated=False, turn=turn)

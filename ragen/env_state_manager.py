@@ -3,6 +3,10 @@
 A batch is `env_groups` groups of `group_size` environments. All environments of a group are reset with
 the same seed, so they start from the same state and their trajectories can be compared (GRPO). Each
 environment has a step budget (`max_actions_per_traj`) over all of its turns.
+
+An invalid action (an answer the environment does not understand: `info["action_is_valid"]` False) changes
+nothing, by the environment contract, and is not charged to the budget; it is recorded, and the agent
+proxy adds `es_manager.format_penalty` to the turn (RAGEN's rule), so that nonsense never beats play.
 """
 
 from dataclasses import dataclass, field
@@ -15,7 +19,7 @@ from ragen.envs import make_env
 
 @dataclass
 class TurnRecord:
-    actions: list[str]  # actions executed this turn (after the budget cut)
+    actions: list[str]  # actions given this turn (after the budget cut), invalid ones included
     reward: float  # environment reward of the turn (format penalty not included)
     valid: list[bool]  # per executed action: info["action_is_valid"]
     effective: list[bool]  # per executed action: info["action_is_effective"]
@@ -38,6 +42,7 @@ class EnvState:
 
     @property
     def actions_left(self) -> int:
+        """Valid actions the budget still allows."""
         return self.max_actions - self.actions_taken
 
 
@@ -72,16 +77,19 @@ class EnvStateManager:
         state = self.states[env_id]
         assert not state.done, f"env {env_id} is already done"
         record = TurnRecord(actions=[], reward=0.0, valid=[], effective=[])
-        for action in actions[: state.actions_left]:
+        for action in actions:
+            if state.actions_left <= 0:
+                break
             try:
                 state.obs, reward, terminated, truncated, info = state.env.step(action)
             except Exception as e:
                 raise RuntimeError(f"environment {state.tag} (env {env_id}, seed {state.seed}) raised on "
                                    f"action {action!r}: {e}") from e
-            state.actions_taken += 1
+            valid = bool(info["action_is_valid"])
+            state.actions_taken += valid  # an invalid action changed nothing: it costs no budget
             record.actions.append(action)
             record.reward += float(reward)
-            record.valid.append(bool(info["action_is_valid"]))
+            record.valid.append(valid)
             record.effective.append(bool(info["action_is_effective"]))
             state.success = state.success or bool(info["success"])
             if terminated or truncated:

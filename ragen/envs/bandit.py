@@ -4,8 +4,15 @@ The arms are known only by their names. Which name is listed first is drawn per 
 only learn the better arm by its name, not by its position in the prompt. The risky arm pays
 `risky_reward` with probability `risky_prob` and nothing otherwise; its expected value is higher than the
 safe arm's steady `safe_reward`, so choosing it is the success criterion.
+
+An answer pulls the arm it names: "dragon", "I choose Dragon." (exactly one arm named as a word, ignoring
+case). An answer that names neither arm or both is invalid and pulls nothing.
+
+The format example must not name an arm: the 135M model copies it, so an example that named the safe arm
+gave the safe arm p ~ 0.6 and the risky one p ~ 0.002 before training, and RL had nothing to reinforce.
 """
 
+import re
 import string
 from dataclasses import dataclass
 
@@ -20,6 +27,7 @@ INSTRUCTIONS_TEMPLATE = (
     "pays much more and otherwise nothing. You pull one arm once.\n"
     "Answer with the name of the arm to pull: {actions}."
 )
+EXAMPLE_WORDS = ("griffin", "unicorn", "kraken")  # the format example: a name that is no arm's
 MAX_TEXT_LENGTH = 1024  # bound of the text spaces; they exist for gymnasium's checker, not for sampling
 
 
@@ -63,14 +71,15 @@ class BanditEnv(gymnasium.Env):
     metadata = {"render_modes": ["ansi"]}
     # The class attributes describe the default arms; an instance rewrites them for its configured names.
     instructions: str = _instructions(BanditConfig())
-    # The format example has to name an arm; the safe one, so that it cannot inflate the success rate.
-    example_action: str = BanditConfig().safe_arm_name
+    # The format example names no arm (see the module docstring); an answer that copies it is invalid.
+    example_action: str = EXAMPLE_WORDS[0]
 
     def __init__(self, config: BanditConfig, render_mode: str = "ansi") -> None:
         self.config = config
         self.render_mode = render_mode
         self.instructions = _instructions(config)
-        self.example_action = config.safe_arm_name
+        arms = {config.safe_arm_name.lower(), config.risky_arm_name.lower()}
+        self.example_action = next(word for word in EXAMPLE_WORDS if word not in arms)
         self.observation_space = spaces.Text(max_length=MAX_TEXT_LENGTH, charset=string.printable)
         self.action_space = spaces.Text(max_length=MAX_TEXT_LENGTH, charset=string.printable)
         self.arm_order: tuple[str, str] = (config.safe_arm_name, config.risky_arm_name)
@@ -85,9 +94,10 @@ class BanditEnv(gymnasium.Env):
         return self.render(), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        arm = {name.lower(): name for name in self.arm_order}.get(action.strip().lower())
-        if arm is None:
+        named = [arm for arm in self.arm_order if re.search(rf"\b{re.escape(arm.lower())}\b", action.lower())]
+        if len(named) != 1:
             return self.render(), 0.0, False, False, step_info(valid=False, effective=False, success=False)
+        arm = named[0]
 
         is_risky = arm == self.config.risky_arm_name
         if not is_risky:

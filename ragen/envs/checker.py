@@ -7,6 +7,7 @@ is itself a valid action. Run it on every new environment (README: "Add your own
 """
 
 import dataclasses
+import re
 import warnings
 
 import gymnasium
@@ -127,10 +128,12 @@ def _play(env: gymnasium.Env, seed: int, max_steps: int, interleave_invalid: boo
 
 
 def _check_example_action(env: gymnasium.Env, seed: int) -> None:
+    """The prompt wraps example_action in <answer></answer> to show the format. It need not be a valid action
+    (the bandit's names no arm, so as not to favour one), but it is an action, not a reply."""
+    _require(not re.search(r"</?(think|answer)>", env.example_action),
+             f"example_action {env.example_action!r} must be the action alone: the prompt adds the tags")
     env.reset(seed=seed)
-    info = _check_step(env, env.example_action)[4]
-    _require(info["action_is_valid"],
-             f"example_action {env.example_action!r} must be a valid action: the prompt shows it as the format")
+    _check_step(env, env.example_action)
 
 
 def _check_rgb_array(env: gymnasium.Env, seed: int) -> None:

@@ -66,11 +66,11 @@ class ExpertPolicy:
                              "ragen.envs.baselines.ORACLE_PLANS to generate SFT data for it")
         plan = ORACLE_PLANS[type(env)](env)
         actions = plan[:min(self.config.max_actions_per_turn, state.actions_left)] or [env.sample_action(self.rng)]
-        answer = f"<answer>{f' {self.config.action_sep} '.join(actions)}</answer>"
-        if not self.config.enable_think:
+        answer = f"{f' {self.config.action_sep} '.join(actions)}</answer>"
+        if not self.config.enable_think:  # the prompt already opened <answer>
             return answer
         thought = f"The best next action{'s are' if len(actions) > 1 else ' is'} {', '.join(actions)}."
-        return f"{thought}</think>{answer}"
+        return f"{thought}</think><answer>{answer}"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -30,7 +30,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from ragen.config import AgentProxyConfig, ConfigError
-from ragen.context_manager import ANSWER_CLOSE, parse_reply, reply_spans, reply_text
+from ragen.context_manager import ANSWER_CLOSE, parse_reply, reply_opening, reply_spans, reply_text
 from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
 from verl.single_controller import Worker
@@ -253,7 +253,7 @@ class SFTTrainer(Worker):
                  for k, (start, _) in enumerate(reply_spans(self.test.loss_mask[i]))][:cfg.max_turns]
         mine = turns[self.rank::self.world_size]
         sampling = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, stop=[ANSWER_CLOSE])
-        think_open = "<think>" if fmt.enable_think else ""
+        reply_open = reply_opening(fmt.enable_think)
 
         def parse(text: str):
             return parse_reply(text, fmt.enable_think, fmt.action_sep, fmt.max_actions_per_turn)
@@ -263,7 +263,7 @@ class SFTTrainer(Worker):
             chunk = mine[start:start + cfg.batch_size]
             responses = self.generator.generate([self.test.input_ids[i][:s] for i, s, _ in chunk], sampling)
             for (i, _, k), response in zip(chunk, responses):
-                parsed = parse(reply_text(self.tokenizer, response, think_open))
+                parsed = parse(reply_text(self.tokenizer, response, reply_open))
                 expert = parse(self.test.expert_replies[i][k])
                 counts += torch.tensor([1.0, parsed.format_ok, parsed.format_ok and parsed.actions == expert.actions])
         return counts

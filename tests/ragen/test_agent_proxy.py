@@ -61,6 +61,27 @@ def test_malformed_replies_get_the_format_penalty_every_turn(tokenizer):
 SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=10)
 
 
+def test_an_invalid_action_takes_the_format_penalty_and_never_beats_a_valid_move(tokenizer):
+    """A well-formed reply whose answer the env does not understand scores like a malformed one (RAGEN's
+    rule): no better than a valid Sokoban move that does not solve the level (-0.1 step cost), which also
+    brings the solution closer, and worse than either bandit arm."""
+    invalid, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>The information is incomplete."
+                            "</answer>", max_turn=2)
+    valid, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=2)
+    invalid_rollout, valid_rollout = invalid.rollout(step=1), valid.rollout(step=1)
+    invalid_rewards = invalid_rollout.batch.batch["trajectory_rewards"]
+    assert torch.allclose(invalid_rewards, torch.full((4,), -0.2))  # two turns, each penalised
+    assert invalid_rollout.metrics["train/Sokoban/num_actions"] == 0  # nothing was charged to the budget
+    assert all(turn["action_valid"] == [False] for record in invalid_rollout.records for turn in record["turns"])
+    assert (valid_rollout.batch.batch["trajectory_rewards"] >= invalid_rewards).all()
+    bandit = CustomEnvConfig(env_type="bandit", max_actions_per_traj=1)
+    nonsense, _ = make_proxy(tokenizer, "Bandit", bandit, "hmm</think><answer>griffin</answer>", max_turn=1)
+    arm, _ = make_proxy(tokenizer, "Bandit", bandit, "hmm</think><answer>phoenix</answer>", max_turn=1)
+    nonsense_rewards = nonsense.rollout(step=1).batch.batch["trajectory_rewards"]
+    assert torch.allclose(nonsense_rewards, torch.full((4,), -0.1))
+    assert (arm.rollout(step=1).batch.batch["trajectory_rewards"] > nonsense_rewards).all()
+
+
 def test_records_hold_every_turn_in_text(tokenizer):
     proxy, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=2)
     rollout = proxy.rollout(step=3)

@@ -89,7 +89,7 @@ def test_trajectory_is_the_rendered_conversation_token_for_token(family, enable_
                                                                             reward)})
         messages.append({"role": "assistant", "content": text})
     rendered = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-    assert tokenizer.decode(trajectory.input_ids) == rendered + context.think_open + tokenizer.decode(reply_ids[-1])
+    assert tokenizer.decode(trajectory.input_ids) == rendered + context.reply_open + tokenizer.decode(reply_ids[-1])
     # Each reply parses: the forced opening is part of the text the parser sees.
     assert all(context.parse(text).format_ok for text in texts)
 

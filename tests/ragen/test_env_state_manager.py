@@ -35,11 +35,15 @@ def test_step_budget_cuts_actions_and_ends_the_trajectory():
         em.step(0, ["Up"])
 
 
-def test_invalid_actions_count_against_the_budget_and_are_recorded():
+def test_invalid_actions_cost_no_budget_change_nothing_and_are_recorded():
     em = manager()
     em.reset(step=1)
-    record = em.step(4, ["fly"])  # a bandit env
-    assert record.valid == [False] and record.reward == 0.0 and em.states[4].done
+    record = em.step(4, ["fly"])  # a bandit env: the pull has not happened
+    state = em.states[4]
+    assert record.valid == [False] and record.reward == 0.0 and not state.done and state.actions_taken == 0
+    record = em.step(0, ["fly", "jump", "Up", "nonsense", "Left"])  # Sokoban, budget 3
+    assert record.valid == [False, False, True, False, True] and em.states[0].actions_taken == 2
+    assert em.states[0].actions_left == 1
 
 
 def test_an_environment_that_raises_names_itself():

@@ -590,7 +590,11 @@ def test_explained_variance():
     assert explained_variance(torch.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0, abs=1e-6)
     # residual 0, 0, 1: variance 2/9 against the returns' 2/3 -> 1 - 1/3
     assert explained_variance(torch.tensor([[1.0, 2.0, 2.0, -7.0]]), returns, mask) == pytest.approx(2 / 3)
-    assert math.isnan(explained_variance(returns, torch.ones_like(returns), mask))  # constant returns
+    assert explained_variance(returns, torch.ones_like(returns), mask) is None  # constant returns: undefined
+    # float32 rounding of equal returns (one ulp apart) is not variance: no -1e14
+    ulp_apart = torch.tensor([[0.3, 0.3, 0.3 + 3e-8, 0.0]])
+    assert explained_variance(torch.randn(1, 4), ulp_apart, mask) is None
+    assert explained_variance(torch.zeros(1, 4), torch.zeros(1, 4), mask) is None
 
 
 # ---- KL ---------------------------------------------------------------------------------------------

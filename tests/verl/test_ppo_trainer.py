@@ -101,6 +101,33 @@ def test_critic_warmup_skips_the_actor_update(tmp_path):
     assert [what for _, what, _ in calls].count("update_actor") == 1
 
 
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+@pytest.mark.parametrize("rewards, group_size, updates", [
+    ([1.0, 1.0, 0.0, 0.0], 2, False),  # every group agrees: advantages are 0 or critic noise
+    ([1.0, 0.0, 0.0, 0.0], 2, True),
+    ([1.0, 1.0], 1, False),  # groups of one: the batch is the group
+    ([1.0, 0.0], 1, True),
+])
+def test_no_actor_step_when_no_trajectory_beat_another(tmp_path, estimator, rewards, group_size, updates):
+    if estimator == "grpo" and group_size == 1:
+        pytest.skip("grpo needs groups")
+    trainer, calls = make_trainer(tmp_path, rewards, group_size=group_size, critic=estimator == "gae",
+                                  algorithm=AlgorithmConfig(adv_estimator=estimator))
+    trainer.fit()
+    whats = [what for _, what, _ in calls]
+    assert whats.count("update_actor") == int(updates)
+    assert whats.count("update_critic") == int(estimator == "gae")  # the critic still learns the values
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert logged["actor/update_skipped"] == float(not updates)
+
+
+def test_explained_variance_is_not_logged_for_constant_returns(tmp_path):
+    trainer, _ = make_trainer(tmp_path, [1.0, 1.0, 1.0, 1.0])
+    trainer.fit()
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "critic/vf_explained_var" not in logged and "critic/returns_mean" in logged
+
+
 def test_filter_keeps_the_groups_with_the_most_reward_spread(tmp_path):
     # groups of 2: stds 0, 0.707, 0, 1.414 -> top 25% (1 of 4) is group 3, top 50% groups 3 and 1
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]

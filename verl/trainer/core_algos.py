@@ -316,12 +316,19 @@ def compute_value_loss(*, values: torch.Tensor, old_values: torch.Tensor, return
     return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).float()
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the masked tokens: 1 is a perfect critic, 0 no better than a constant."""
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """1 - Var(R - V) / Var(R) over the masked tokens: 1 is a perfect critic, 0 no better than a constant.
+
+    None when the returns do not vary (beyond float32 rounding of their scale): the ratio is then undefined,
+    and in float32 an ulp of spread would turn it into -1e14. Computed in float64."""
+    values, returns, mask = values.double(), returns.double(), mask.double()
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    scale = masked_mean(returns**2, mask)
+    if var_returns <= 1e-10 * scale or var_returns == 0:
+        return None
     residual = returns - values
     var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-    return float(1 - var_residual / var_returns) if var_returns > 0 else float("nan")
+    return float(1 - var_residual / var_returns)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

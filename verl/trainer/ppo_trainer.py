@@ -75,7 +75,8 @@ class PPOTrainer:
                 if self.critic_wg is not None:
                     with timed("update_critic", metrics):
                         metrics |= self.critic_wg.update_critic(batch)
-                if step > self.config.critic_warmup:
+                metrics["actor/update_skipped"] = float(no_reward_spread(batch))
+                if step > self.config.critic_warmup and not metrics["actor/update_skipped"]:
                     with timed("update_actor", metrics):
                         metrics |= self.actor_rollout_wg.update_actor(batch)
                 if self.val_agent is not None and self.config.test_freq > 0 and (
@@ -126,8 +127,10 @@ class PPOTrainer:
                     "critic/advantages_min": advantages[adv_mask.bool()].min().item()}
         if self.critic_wg is not None:
             metrics |= {"critic/returns_mean": masked_mean(returns, adv_mask).item(),
-                        "critic/values_mean": masked_mean(values, adv_mask).item(),
-                        "critic/vf_explained_var": explained_variance(values, returns, adv_mask)}
+                        "critic/values_mean": masked_mean(values, adv_mask).item()}
+            explained = explained_variance(values, returns, adv_mask)
+            if explained is not None:  # undefined when every return is the same
+                metrics["critic/vf_explained_var"] = explained
         added = DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})
         return batch.union(added), metrics
 
@@ -186,6 +189,17 @@ def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
             tokens = mask[row] & (turn_ids[row] == k)
             turn["advantage"] = advantages[row][tokens].mean().item() if tokens.any() else None
     return records
+
+
+def no_reward_spread(batch: DataProto) -> bool:
+    """Whether every group's trajectories got the same reward (the whole batch's, for groups of one). Then no
+    trajectory did better than another from the same start: the advantages are 0 (group baselines) or critic
+    noise (GAE, whitened to unit scale), and an actor step would move the policy at random, so none is taken."""
+    index = group_index(batch.non_tensor_batch["group_ids"])
+    if torch.bincount(index).max() == 1:
+        index = torch.zeros_like(index)
+    _, stds = group_mean_std(batch.batch["trajectory_rewards"], index)
+    return bool((stds == 0).all())
 
 
 def groups_per_multiple(samples_multiple: int, group_size: int) -> int:

@@ -8,6 +8,10 @@ rollout dtype and is re-synced after every update.
 Batches are right-padded token sequences (B, T) with `loss_mask` on the generated tokens; per-token
 tensors are aligned with `input_ids`, so `log_probs[:, t]` is log pi(token_t | tokens_<t) and column 0,
 which no token predicts, is zero.
+
+The policy is the distribution the rollout samples from: softmax(logits / rollout.temperature). Every
+log-prob of a sampled token (old, new, reference) and the entropy are computed at that temperature, as
+veRL does; at T = 1 the ratio and the clip would refer to a policy that never produced the samples.
 """
 
 from dataclasses import replace
@@ -120,7 +124,8 @@ class ActorRolloutRefWorker(Worker):
         """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""
         cfg, mask = self.config.actor, batch["loss_mask"]
         aggregate = LOSS_AGG_MODES[cfg.loss_agg_mode]
-        log_probs, entropy = token_log_probs(self.model, batch, with_entropy=True)
+        log_probs, entropy = token_log_probs(self.model, batch, with_entropy=True,
+                                             temperature=self.config.rollout.temperature)
         pg_losses, pg_metrics = compute_policy_loss(
             log_probs=log_probs, old_log_probs=batch["old_log_probs"], advantages=batch["advantages"],
             loss_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
@@ -140,7 +145,9 @@ class ActorRolloutRefWorker(Worker):
     def _score(self, model: torch.nn.Module, data: DataProto) -> torch.Tensor:
         model.eval()
         micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
-        log_probs = torch.cat([token_log_probs(model, micro.to(self.device).batch, with_entropy=False)[0]
+        temperature = self.config.rollout.temperature
+        log_probs = torch.cat([token_log_probs(model, micro.to(self.device).batch, with_entropy=False,
+                                               temperature=temperature)[0]
                                for micro in data.split(micro_size)]).cpu()
         model.reshard()  # no backward follows: free the root's gathered weights
         return log_probs
@@ -163,15 +170,16 @@ def load_policy(model_config: ModelConfig, device: torch.device, *, lora_rank: i
     return model
 
 
-def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked: column t is
-    about token t given the tokens before it; column 0, which nothing predicts, is 0. Used by the PPO
-    update, the scoring passes and the SFT loss (ragen/sft/trainer.py)."""
+def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool,
+                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked, of the
+    distribution softmax(logits / temperature): column t is about token t given the tokens before it;
+    column 0, which nothing predicts, is 0. Used by the PPO update and the scoring passes (at the rollout
+    temperature) and the SFT loss (ragen/sft/trainer.py, at 1)."""
     input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
     logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
                    position_ids=batch["position_ids"]).logits  # (B, T, V)
-    logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
+    logits = logits[:, :-1].float() / temperature  # (B, T-1, V): position t predicts token t+1
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
     log_probs = torch.nn.functional.pad(log_probs, (1, 0))  # (B, T): token 0 has no prediction
     entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None

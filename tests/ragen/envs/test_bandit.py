@@ -65,7 +65,7 @@ def test_action_matched_ignoring_case_and_whitespace():
     assert terminated and info["action_is_valid"] and info["success"]
 
 
-@pytest.mark.parametrize("action", ["tiger", "", "dragon phoenix", "Left"])
+@pytest.mark.parametrize("action", ["tiger", "", "dragon phoenix", "Left", "dragons", "griffin"])
 def test_invalid_action_leaves_state_unchanged(action):
     env = make()
     obs, _ = env.reset(seed=1)
@@ -80,9 +80,26 @@ def test_invalid_action_leaves_state_unchanged(action):
 def test_custom_arms_and_instructions_name_them():
     env = BanditEnv(BanditConfig(safe_arm_name="ant", risky_arm_name="bee", risky_reward=2.0, risky_prob=0.5))
     assert "ant" in env.instructions and "bee" in env.instructions and "dragon" not in env.instructions
-    assert env.example_action == "ant"
+
+
+@pytest.mark.parametrize("safe, risky", [("phoenix", "dragon"), ("griffin", "dragon"), ("unicorn", "Griffin")])
+def test_the_format_example_names_no_arm(safe, risky):
+    """Before training the model copies the example: naming the safe arm there made it the only arm sampled."""
+    env = BanditEnv(BanditConfig(safe_arm_name=safe, risky_arm_name=risky))
     env.reset(seed=0)
-    assert env.step(env.example_action)[4]["action_is_valid"]
+    assert env.example_action.lower() not in {safe.lower(), risky.lower()}
+    assert not env.step(env.example_action)[4]["action_is_valid"]
+    swapped = BanditEnv(BanditConfig(safe_arm_name=risky, risky_arm_name=safe))
+    assert (swapped.instructions, swapped.example_action) == (env.instructions, env.example_action)
+
+
+@pytest.mark.parametrize("answer, arm", [("dragon", "dragon"), ("I choose Dragon.", "dragon"),
+                                         ("phoenix is my pick", "phoenix")])
+def test_an_answer_naming_exactly_one_arm_pulls_it(answer, arm):
+    env = make()
+    env.reset(seed=0)
+    obs, _, terminated, _, info = env.step(answer)
+    assert terminated and info["action_is_valid"] and f"You pulled {arm}" in obs
 
 
 def test_instructions_do_not_reveal_the_risky_arm_by_order():

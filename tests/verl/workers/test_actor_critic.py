@@ -46,11 +46,12 @@ def make_batch(tokenizer, seed: int = 0) -> DataProto:
         "returns": torch.randn((size, width), generator=gen) * loss_mask})
 
 
-def actor_config(model_path: str, **actor) -> ActorRolloutRefConfig:
+def actor_config(model_path: str, temperature: float = 1.0, **actor) -> ActorRolloutRefConfig:
     actor = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, entropy_coeff=0.01,
                  optim=OptimConfig(lr=1e-3)) | actor
+    rollout = RolloutConfig(dtype="float32", log_prob_micro_batch_size_per_gpu=3, temperature=temperature)
     return ActorRolloutRefConfig(model=ModelConfig(path=model_path, dtype="float32"), actor=ActorConfig(**actor),
-                                 rollout=RolloutConfig(dtype="float32", log_prob_micro_batch_size_per_gpu=3))
+                                 rollout=rollout)
 
 
 def critic_config(model_path: str, **critic) -> CriticConfig:
@@ -59,8 +60,8 @@ def critic_config(model_path: str, **critic) -> CriticConfig:
     return CriticConfig(model=ModelConfig(path=model_path, dtype="float32"), **critic)
 
 
-def local_actor(model_path: str, use_reference: bool = False, **actor) -> LocalWorkerGroup:
-    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config(model_path, **actor))
+def local_actor(model_path: str, use_reference: bool = False, temperature: float = 1.0, **actor) -> LocalWorkerGroup:
+    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config(model_path, temperature, **actor))
     group.init_model(use_reference=use_reference)
     return group
 
@@ -195,6 +196,30 @@ def test_log_probs_are_aligned_with_input_ids(tiny_model_path, tokenizer):
         log_p = model(input_ids=ids[None]).logits[0].log_softmax(-1)  # (n, V)
     expected = log_p[torch.arange(n - 1), ids[1:]]  # log pi(token t | tokens < t), t = 1..n-1
     torch.testing.assert_close(log_probs[i, 1:n], expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_log_probs_are_those_of_the_sampling_distribution(tiny_model_path, tokenizer, temperature):
+    """The actor scores a sampled token with the distribution the rollout drew it from: softmax(logits / T).
+    The sampler's own log-probs come from generate's processed scores (temperature applied)."""
+    group = local_actor(tiny_model_path, temperature=temperature)
+    engine = group.worker.rollout
+    torch.manual_seed(0)
+    prompt = torch.randint(len(tokenizer), (3, 6))
+    out = engine.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
+                                temperature=temperature, top_p=None, top_k=0, max_new_tokens=8, min_new_tokens=8,
+                                output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    sampled = out.sequences[:, prompt.shape[1]:]  # (B, 8)
+    scores = torch.stack(out.scores, dim=1).log_softmax(-1)  # (B, 8, V) of the sampling distribution
+    sampling_log_probs = scores.gather(-1, sampled[..., None]).squeeze(-1)
+    sequences = out.sequences
+    batch = DataProto(batch={"input_ids": sequences, "attention_mask": torch.ones_like(sequences),
+                             "position_ids": torch.arange(sequences.shape[1]).expand_as(sequences)})
+    actor_log_probs = group.compute_log_prob(batch).batch["old_log_probs"][:, prompt.shape[1]:]
+    torch.testing.assert_close(actor_log_probs, sampling_log_probs, atol=1e-4, rtol=0)
+    # the same tokens scored at T = 1 are a different distribution (what the actor used to compute)
+    at_one = local_actor(tiny_model_path).compute_log_prob(batch).batch["old_log_probs"][:, prompt.shape[1]:]
+    assert (at_one - sampling_log_probs).abs().mean() > 1e-2
 
 
 def test_values_are_aligned_with_input_ids_and_deterministic(tiny_model_path, tokenizer):
