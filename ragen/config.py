@@ -116,6 +116,7 @@ class ConfigError(ValueError):
 def validate(cfg: RagenConfig, world_size: int) -> None:
     """Reject impossible values at start-up, before any model or worker is created."""
     _validate_run(cfg, world_size)
+    _validate_seeds(cfg)
     _validate_algorithm(cfg)
     _validate_batch_sizes(cfg, world_size)
     _validate_envs(cfg)
@@ -171,6 +172,17 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
            "actor_rollout_ref.actor.grad_clip and critic.grad_clip must be > 0 (the max gradient norm)")
     _check(actor.optim.lr > 0 and cfg.critic.optim.lr > 0, "actor_rollout_ref.actor.optim.lr and critic.optim.lr "
            "must be > 0")
+
+
+def _validate_seeds(cfg: RagenConfig) -> None:
+    """Training start states are seeds trainer.seed + step * env_groups + group (steps 1..total): they must
+    never be validation states (trainer.val_seed + group)."""
+    train, val, trainer = cfg.es_manager.train, cfg.es_manager.val, cfg.trainer
+    first, last = trainer.seed + train.env_groups, trainer.seed + (trainer.total_training_steps + 1) * train.env_groups
+    _check(trainer.val_seed >= 0, "trainer.val_seed must be >= 0")
+    _check(last <= trainer.val_seed or trainer.val_seed + val.env_groups <= first,
+           f"the training start states (seeds {first}..{last - 1}) overlap the validation ones (trainer.val_seed = "
+           f"{trainer.val_seed} .. {trainer.val_seed + val.env_groups - 1}): move trainer.val_seed or trainer.seed")
 
 
 def _validate_algorithm(cfg: RagenConfig) -> None:

@@ -1,8 +1,13 @@
 """EnvStateManager: the batch of environments of one rollout, their seeds, step budgets and records.
 
 A batch is `env_groups` groups of `group_size` environments. All environments of a group are reset with
-the same seed, so they start from the same state and their trajectories can be compared (GRPO). Each
-environment has a step budget (`max_actions_per_traj`) over all of its turns.
+the same seed, so they start from the same state and their trajectories can be compared (GRPO). After the
+reset each environment's random stream is re-seeded with its place in the group, so that what happens next
+(a bandit's payout, a slip on the ice) is drawn independently per trajectory: with one shared draw the
+whole group sees the same outcome, a group comparison then measures luck rather than the policy (a bandit
+group whose risky pulls all pay 0 teaches "safe" to every risky pull at once), and a step's gradient points
+the wrong way far more often. Each environment has a step budget (`max_actions_per_traj`) over all of its
+turns.
 
 An invalid action (an answer the environment does not understand: `info["action_is_valid"]` False) changes
 nothing, by the environment contract, and is not charged to the budget; it is recorded, and the agent
@@ -12,6 +17,7 @@ proxy adds `es_manager.format_penalty` to the turn (RAGEN's rule), so that nonse
 from dataclasses import dataclass, field
 
 import gymnasium as gym
+import numpy as np
 
 from ragen.config import CustomEnvConfig, EnvGroupsConfig
 from ragen.envs import make_env
@@ -68,6 +74,7 @@ class EnvStateManager:
         for state in self.states:
             state.seed = self.seed + step * self.config.env_groups + state.group_id
             state.obs, _ = state.env.reset(seed=state.seed)
+            reseed(state.env, [state.seed, state.env_id % self.config.group_size])
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
             state.context_truncated = False
         return self.states
@@ -99,3 +106,10 @@ class EnvStateManager:
             state.done = True
         state.turns.append(record)
         return record
+
+
+def reseed(env: gym.Env, entropy: list[int]) -> None:
+    """Set the env's random stream to a fresh one from `entropy`, in place: an env may hand its generator to
+    an inner object (FrozenLake's gymnasium lake), which must see the change too."""
+    generator = env.unwrapped.np_random
+    generator.bit_generator.state = type(generator.bit_generator)(np.random.SeedSequence(entropy)).state

@@ -32,7 +32,6 @@ from verl.workers.critic import CriticWorker
 from verl.workers.rollout import SamplingParams
 
 GPU_SHARE = 0.5  # the actor and critic worker groups share each GPU (colocated), as in veRL
-VAL_SEED_OFFSET = 1_000_000  # validation start states: seeds trainer.seed + VAL_SEED_OFFSET + group, never trained on
 
 
 def world_size(cfg: RagenConfig) -> int:
@@ -129,7 +128,7 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
     or validation (`es_manager.val`, `rollout.val_kwargs` sampling, the same start states every time)."""
     rollout, model_path = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model.path
     groups: EnvGroupsConfig = cfg.es_manager.train if split == "train" else cfg.es_manager.val
-    seed = cfg.trainer.seed + (0 if split == "train" else VAL_SEED_OFFSET)
+    seed = cfg.trainer.seed if split == "train" else cfg.trainer.val_seed
     env_manager = EnvStateManager(groups, cfg.custom_envs, seed)
     envs = env_manager.env_per_tag()
     context = ContextManager(tokenizer, cfg.agent_proxy,

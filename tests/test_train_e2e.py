@@ -15,7 +15,9 @@ REPO = Path(__file__).parents[1]
 def train(recipe: str, model_path: str, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     command = ["bash", str(REPO / "train.sh"), recipe, f"model_path={model_path}",
                f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
-               f"logging.log_image_dir={run_dir / 'log'}", "actor_rollout_ref.rollout.response_length=16", *overrides]
+               f"logging.log_image_dir={run_dir / 'log'}", "actor_rollout_ref.rollout.response_length=16",
+               # a random model's replies are all malformed, so every reward is equal: update anyway (plumbing)
+               "algorithm.skip_zero_variance_batches=false", *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -47,7 +49,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     for m in metrics:
         for key in ("rollout/reward_mean", "rollout/success_rate", "rollout/response_length", "train/Bandit/success",
                     "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor",
-                    "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "critic/vf_explained_var",
+                    "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss",
                     "critic/grad_norm", "rollout/in_group_std", "rollout/chosen_in_group_std",
                     "rollout/filter_kept_ratio", "rollout/response_repetition"):
             assert key in m, key
@@ -85,7 +87,7 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     ("starpo", ["actor/kl_loss", "critic/vf_loss"], []),  # KL loss to a reference policy, a critic
     ("grpo", ["actor/pg_loss"], ["critic/vf_loss", "actor/kl_loss"]),  # neither critic nor reference
     ("brpo", ["actor/pg_loss"], ["critic/vf_loss"]),
-    ("bi_level_gae", ["critic/vf_loss", "critic/vf_explained_var"], []),
+    ("bi_level_gae", ["critic/vf_loss", "critic/returns_mean"], []),
 ])
 def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected, absent):
     train("sokoban", tiny_model_path, tmp_path, f"algo={algo}", "trainer.total_training_steps=1",

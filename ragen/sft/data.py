@@ -9,7 +9,7 @@ of an RL trajectory of the same recipe, token for token; SFT teaches exactly the
 
 Each row is one episode: its token ids and loss mask (1 on the reply tokens, as in RL), the rendered
 text, the turns in words (state, reply, actions, reward), and the seed that reproduces it. Train and
-test seeds never overlap, and both lie far from the validation seeds of training (`trainer.seed` +
+test seeds never overlap, and both lie below the validation seeds of training (`trainer.val_seed`,
 1,000,000). The file's metadata records the recipe and a fingerprint of the tokenizer; the SFT trainer
 refuses data made with another tokenizer.
 

@@ -17,7 +17,7 @@ def test_recipes_compose_and_validate(recipe, scale):
     assert cfg.actor_rollout_ref.model.path == cfg.model_path
 
 
-@pytest.mark.parametrize("algo", ["starpo_s", "starpo", "grpo", "brpo", "bi_level_gae"])
+@pytest.mark.parametrize("algo", ["starpo_s", "starpo", "grpo", "rloo", "brpo", "bi_level_gae"])
 @pytest.mark.parametrize("scale", ["cpu", "gpu"])
 def test_algorithm_recipes_compose_and_validate(algo, scale):
     validate(load("sokoban", f"scale={scale}", f"algo={algo}"), world_size=1)
@@ -32,6 +32,24 @@ def test_defaults_are_the_starpo_s_recipe():
     assert cfg.actor_rollout_ref.rollout.rollout_filter_ratio == 0.25
     assert (actor.optim.lr, cfg.critic.optim.lr) == (1e-6, 1e-5)
     assert cfg.critic.model.path == cfg.model_path  # the critic starts from the policy's weights
+
+
+def test_the_bandit_recipe_is_rloo_and_an_algo_override_still_wins():
+    bandit = load("bandit")
+    assert bandit.algorithm.adv_estimator == "rloo" and bandit.actor_rollout_ref.rollout.rollout_filter_ratio == 1
+    assert bandit.es_manager.val.env_configs.tags == ["Bandit", "BanditTest"]
+    assert load("bandit", "algo=grpo").algorithm.adv_estimator == "grpo"
+
+
+def test_validation_start_states_never_overlap_training_ones():
+    cfg = load("bandit")
+    assert cfg.trainer.val_seed == load("bandit", "trainer.seed=7").trainer.val_seed  # independent of the seed
+    validate(cfg, world_size=1)
+    groups = cfg.es_manager.train.env_groups
+    with pytest.raises(ConfigError, match="trainer.val_seed"):  # step 1's start states are validation states
+        validate(load("bandit", f"trainer.val_seed={cfg.trainer.seed + groups}"), world_size=1)
+    with pytest.raises(ConfigError, match="trainer.val_seed"):
+        validate(load("bandit", "trainer.seed=999990"), world_size=1)
 
 
 def test_recipes_change_what_they_say():

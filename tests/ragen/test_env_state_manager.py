@@ -56,3 +56,19 @@ def test_an_environment_that_raises_names_itself():
     em.states[1].env.step = broken_step
     with pytest.raises(RuntimeError, match=r"Sokoban \(env 1, seed \d+\) raised on action 'Up': boom"):
         em.step(1, ["Up"])
+
+
+def test_a_group_shares_its_start_but_not_its_luck():
+    """Same start state, independent outcomes: the bandit's payouts differ within a group (with one shared
+    draw every risky pull of a group would pay the same), and the same step replays the same outcomes."""
+    mix = EnvMixConfig(tags=["Bandit"], n_groups=[1])
+    em = EnvStateManager(EnvGroupsConfig(env_groups=1, group_size=8, env_configs=mix), {"Bandit": BANDIT}, seed=7)
+
+    def payouts(step):
+        states = em.reset(step)
+        assert len({s.obs for s in states}) == 1
+        return [em.step(s.env_id, ["dragon"]).reward for s in states]
+
+    draws = [payouts(step) for step in range(1, 41)]
+    assert sum(len(set(d)) > 1 for d in draws) > 20  # P(8 equal draws) = 0.25^8 + 0.75^8 ~ 0.1
+    assert draws == [payouts(step) for step in range(1, 41)]

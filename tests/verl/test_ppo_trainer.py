@@ -121,6 +121,13 @@ def test_no_actor_step_when_no_trajectory_beat_another(tmp_path, estimator, rewa
     assert logged["actor/update_skipped"] == float(not updates)
 
 
+def test_the_zero_variance_skip_can_be_turned_off(tmp_path):
+    trainer, calls = make_trainer(tmp_path, [1.0, 1.0, 0.0, 0.0],
+                                  algorithm=AlgorithmConfig(skip_zero_variance_batches=False))
+    trainer.fit()
+    assert [what for _, what, _ in calls].count("update_actor") == 1
+
+
 def test_explained_variance_is_not_logged_for_constant_returns(tmp_path):
     trainer, _ = make_trainer(tmp_path, [1.0, 1.0, 1.0, 1.0])
     trainer.fit()

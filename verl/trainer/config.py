@@ -121,6 +121,8 @@ class AlgorithmConfig:
     whiten_advantages: bool = True  # gae/bi_level_gae: zero mean, unit std over the batch's tokens (as veRL)
     gigpo_step_weight: float = 1.0  # gigpo: weight of the step-level (same-state) advantage
     adv_mask: str = "response"  # tokens that carry advantages and values: response | trajectory (state tokens too)
+    # no actor step on a batch where every group's rewards are equal: its advantages are 0 or critic noise
+    skip_zero_variance_batches: bool = True
     use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(old || ref) from each generated token's reward
     kl_penalty: str = "kl"  # estimator of that KL (core_algos.KL_PENALTIES)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -135,7 +137,9 @@ class TrainerConfig:
     nnodes: int = 1
     n_gpus_per_node: int = 1  # ranks per node when CUDA is available
     n_cpu_ranks_per_node: int = 1  # ranks per node on a CPU-only machine
-    seed: int = 42  # seeds environments and sampling
+    seed: int = 42  # seeds the training start states (seed + step * env_groups + group) and sampling
+    # validation start states are seeds val_seed + group: the same whatever trainer.seed, never trained on
+    val_seed: int = 1_000_000
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     test_freq: int = 10  # validate every this many steps (and after the last); -1: never during training

@@ -75,7 +75,8 @@ class PPOTrainer:
                 if self.critic_wg is not None:
                     with timed("update_critic", metrics):
                         metrics |= self.critic_wg.update_critic(batch)
-                metrics["actor/update_skipped"] = float(no_reward_spread(batch))
+                metrics["actor/update_skipped"] = float(self.algorithm.skip_zero_variance_batches
+                                                        and no_reward_spread(batch))
                 if step > self.config.critic_warmup and not metrics["actor/update_skipped"]:
                     with timed("update_actor", metrics):
                         metrics |= self.actor_rollout_wg.update_actor(batch)

@@ -1,0 +1,163 @@
+"""Reproduce a recipe's learning result: `python scripts/reproduce.py bandit [--seeds 1 2 3] [key=value ...]`.
+
+For each training seed S the recipe is trained from scratch exactly as `bash train.sh <recipe>` would, with
+`trainer.seed=S`, and validated (greedy, before training and every `trainer.test_freq` steps) on
+`--val-groups` fixed start states per validation tag, drawn from `--val-seed` on: the same states for every
+seed and never trained on. Pick a `--val-seed` no tuning run has seen to check a recipe honestly.
+
+Writes to `--out` (default `results/<recipe>`):
+- `runs/seed_<S>/`: each run (metrics.jsonl, rollouts, plots, the last checkpoint's weights are removed);
+- `results.md` and `results.json`: per validation tag, success before and after training, mean and standard
+  deviation over the seeds and each seed's value, and the wall time per run;
+- `curve.png`: validation success against the training step, the seeds' mean with their min-max band, and
+  the training success of each seed.
+Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`).
+"""
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> float:
+    """One training run; returns its wall time in seconds."""
+    command = ["bash", str(ROOT / "train.sh"), recipe, f"trainer.seed={seed}", f"trainer.val_seed={args.val_seed}",
+               f"trainer.experiment_name={recipe}_seed{seed}", f"trainer.default_local_dir={run_dir}",
+               "trainer.resume_mode=disable", "trainer.val_before_train=true", "trainer.save_freq=-1",
+               f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
+    print(f"[reproduce] {' '.join(command)}", flush=True)
+    start = time.time()
+    with open(run_dir.parent / f"seed_{seed}.log", "w") as log:
+        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if result.returncode != 0:
+        sys.exit(f"[reproduce] the run with seed {seed} failed (exit {result.returncode}): see {log.name}")
+    for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
+        shutil.rmtree(checkpoint)
+    return time.time() - start
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def val_curves(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """{tag: {step: validation success}}."""
+    curves: dict[str, dict[int, float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("val-env/") and key.endswith("/success"):
+                curves.setdefault(key.split("/")[1], {})[row["step"]] = value
+    return curves
+
+
+def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
+    tags = sorted({tag for run in runs.values() for tag in run["val"]})
+    table = {}
+    for tag in tags:
+        before = [run["val"][tag][min(run["val"][tag])] for run in runs.values()]
+        after = [run["val"][tag][max(run["val"][tag])] for run in runs.values()]
+        table[tag] = {"before": before, "after": after, "after_mean": statistics.mean(after),
+                      "after_std": statistics.pstdev(after), "before_mean": statistics.mean(before)}
+    return {"recipe": recipe, "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
+            "overrides": args.overrides, "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
+            "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table}
+
+
+def markdown(summary: dict) -> str:
+    seeds = summary["seeds"]
+    lines = [f"# `{summary['recipe']}`: validation success (greedy) on {summary['val_groups']} start states per tag "
+             f"from seed {summary['val_seed']}, training seeds {seeds}", "",
+             "| tag | before | after (mean ± std) | after, per seed |", "|---|---|---|---|"]
+    for tag, row in summary["val_success"].items():
+        per_seed = ", ".join(f"{v:.3f}" for v in row["after"])
+        lines.append(f"| {tag} | {row['before_mean']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | "
+                     f"{per_seed} |")
+    times = ", ".join(f"{t / 60:.1f}" for t in summary["wall_time_s"].values())
+    lines += ["", f"Steps per run: {sorted(set(summary['steps'].values()))}; wall time per run (min): {times}.",
+              f"Extra overrides: {summary['overrides'] or 'none'}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tags = sorted({tag for run in runs.values() for tag in run["val"]})
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for i, tag in enumerate(tags):
+        steps = sorted(set.intersection(*(set(run["val"][tag]) for run in runs.values())))
+        values = [[run["val"][tag][s] for run in runs.values()] for s in steps]
+        axes.plot(steps, [statistics.mean(v) for v in values], color=f"C{i}", marker="o",
+                  label=f"{tag} (validation, mean of {len(runs)} seeds)")
+        axes.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=f"C{i}", alpha=0.2)
+        for seed, run in runs.items():
+            train_steps = sorted(run["train"].get(tag, {}))
+            if train_steps:
+                axes.plot(train_steps, [run["train"][tag][s] for s in train_steps], color=f"C{i}", alpha=0.3,
+                          linewidth=0.8, label=f"{tag} (training batches, per seed)" if seed == next(iter(runs)) else None)
+    axes.set(title=f"{recipe}: success rate", xlabel="training step", ylabel="success", ylim=(-0.03, 1.03))
+    axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def train_curves(rows: list[dict]) -> dict[str, dict[int, float]]:
+    curves: dict[str, dict[int, float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("train/") and key.endswith("/success"):
+                curves.setdefault(key.split("/")[1], {})[row["step"]] = value
+    return curves
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", help="a recipe of train.sh: bandit, frozen_lake, sokoban, countdown")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="training seeds (trainer.seed)")
+    parser.add_argument("--val-seed", type=int, default=3_000_000, help="first validation start state (seed)")
+    parser.add_argument("--val-groups", type=int, default=64, help="validation start states per validation tag")
+    parser.add_argument("--out", type=Path, help="output folder (default results/<recipe>)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = parser.parse_args()
+    out = (args.out or ROOT / "results" / args.recipe).resolve()
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    n_tags = len(tag_list(args.recipe, args.overrides))
+    overrides = [f"es_manager.val.env_groups={args.val_groups * n_tags}", *args.overrides]
+    runs = {}
+    for seed in args.seeds:
+        run_dir = out / "runs" / f"seed_{seed}"
+        wall = train(args.recipe, seed, run_dir, args, overrides)
+        rows = read_rows(run_dir)
+        runs[seed] = {"val": val_curves(rows), "train": train_curves(rows), "wall_time_s": wall}
+        print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success "
+              + ", ".join(f"{tag} {min(c.items())[1]:.3f} -> {max(c.items())[1]:.3f}" for tag, c in runs[seed]["val"].items()),
+              flush=True)
+    summary = summarise(runs, args.recipe, args)
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    (out / "results.md").write_text(markdown(summary))
+    plot(runs, out / "curve.png", args.recipe)
+    print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png")
+
+
+def tag_list(recipe: str, overrides: list[str]) -> list[str]:
+    """The recipe's validation tags, read from its composed config (nothing is loaded)."""
+    sys.path.insert(0, str(ROOT))
+    from ragen.config import load_config
+
+    return list(load_config(recipe, overrides).es_manager.val.env_configs.tags)
+
+
+if __name__ == "__main__":
+    main()
