@@ -122,7 +122,9 @@ def turn_html(number: int, turn: dict, tiles: dict[str, np.ndarray] | None) -> s
     if "advantage" in turn:  # null: the variance filter dropped this trajectory's group before the update
         advantage = turn["advantage"]
         facts.append(("advantage", "filtered out" if advantage is None else f"{advantage:+.3f}"))
-    facts += [("format", "ok" if turn["format_ok"] else "malformed (format penalty)"),
+    reply_format = "malformed (format penalty)" if not turn["format_ok"] else \
+        "ok, invalid action (format penalty)" if not all(turn["action_valid"]) else "ok"
+    facts += [("format", reply_format),
               ("done", "yes" if turn["done"] else "no")]
     facts_html = "".join(_fact(name, value) for name, value in facts)
     actions = f'<ul class="actions">{"".join(chips)}</ul>' if chips else '<p class="none">no action taken</p>'

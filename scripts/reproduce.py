@@ -11,7 +11,9 @@ Writes to `--out` (default `results/<recipe>`):
   deviation over the seeds and each seed's value, and the wall time per run;
 - `curve.png`: validation success against the training step, the seeds' mean with their min-max band, and
   the training success of each seed.
-Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`).
+Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). A seed whose run already
+finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again, so an
+interrupted reproduction, or one with more seeds, continues where it stopped.
 """
 
 import argparse
@@ -23,15 +25,26 @@ import sys
 import time
 from pathlib import Path
 
+from ragen.config import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides: list[str]) -> list[str]:
+    return ["bash", str(ROOT / "train.sh"), recipe, f"trainer.seed={seed}", f"trainer.val_seed={val_seed}",
+            f"trainer.experiment_name={recipe}_seed{seed}", f"trainer.default_local_dir={run_dir}",
+            "trainer.resume_mode=disable", "trainer.val_before_train=true", "trainer.save_freq=-1",
+            f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
+
+
 def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> float:
-    """One training run; returns its wall time in seconds."""
-    command = ["bash", str(ROOT / "train.sh"), recipe, f"trainer.seed={seed}", f"trainer.val_seed={args.val_seed}",
-               f"trainer.experiment_name={recipe}_seed{seed}", f"trainer.default_local_dir={run_dir}",
-               "trainer.resume_mode=disable", "trainer.val_before_train=true", "trainer.save_freq=-1",
-               f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
+    """One training run; returns its wall time in seconds (also written to `run_dir/reproduce.json`)."""
+    command = run_command(recipe, seed, run_dir, args.val_seed, overrides)
+    done = run_dir / "reproduce.json"
+    if done.is_file() and json.loads(done.read_text())["command"] == command:
+        print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
+        return json.loads(done.read_text())["wall_time_s"]
+    shutil.rmtree(run_dir, ignore_errors=True)  # a killed or different run: start it anew
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
     with open(run_dir.parent / f"seed_{seed}.log", "w") as log:
@@ -40,19 +53,21 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
         sys.exit(f"[reproduce] the run with seed {seed} failed (exit {result.returncode}): see {log.name}")
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
-    return time.time() - start
+    wall = time.time() - start
+    done.write_text(json.dumps({"wall_time_s": wall, "command": command}))
+    return wall
 
 
 def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def val_curves(rows: list[dict]) -> dict[str, dict[int, float]]:
-    """{tag: {step: validation success}}."""
+def success_curves(rows: list[dict], prefix: str) -> dict[str, dict[int, float]]:
+    """{tag: {step: success}} from the metrics `<prefix>/<tag>/success` (val-env: validation, train: batches)."""
     curves: dict[str, dict[int, float]] = {}
     for row in rows:
         for key, value in row.items():
-            if key.startswith("val-env/") and key.endswith("/success"):
+            if key.startswith(f"{prefix}/") and key.endswith("/success"):
                 curves.setdefault(key.split("/")[1], {})[row["step"]] = value
     return curves
 
@@ -64,7 +79,8 @@ def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
         before = [run["val"][tag][min(run["val"][tag])] for run in runs.values()]
         after = [run["val"][tag][max(run["val"][tag])] for run in runs.values()]
         table[tag] = {"before": before, "after": after, "after_mean": statistics.mean(after),
-                      "after_std": statistics.pstdev(after), "before_mean": statistics.mean(before)}
+                      "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,  # sample std over seeds
+                      "before_mean": statistics.mean(before)}
     return {"recipe": recipe, "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table}
@@ -74,7 +90,7 @@ def markdown(summary: dict) -> str:
     seeds = summary["seeds"]
     lines = [f"# `{summary['recipe']}`: validation success (greedy) on {summary['val_groups']} start states per tag "
              f"from seed {summary['val_seed']}, training seeds {seeds}", "",
-             "| tag | before | after (mean ± std) | after, per seed |", "|---|---|---|---|"]
+             "| tag | before | after (mean ± sample std over seeds) | after, per seed |", "|---|---|---|---|"]
     for tag, row in summary["val_success"].items():
         per_seed = ", ".join(f"{v:.3f}" for v in row["after"])
         lines.append(f"| {tag} | {row['before_mean']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | "
@@ -102,8 +118,9 @@ def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
         for seed, run in runs.items():
             train_steps = sorted(run["train"].get(tag, {}))
             if train_steps:
+                label = f"{tag} (training batches, per seed)" if seed == next(iter(runs)) else None
                 axes.plot(train_steps, [run["train"][tag][s] for s in train_steps], color=f"C{i}", alpha=0.3,
-                          linewidth=0.8, label=f"{tag} (training batches, per seed)" if seed == next(iter(runs)) else None)
+                          linewidth=0.8, label=label)
     axes.set(title=f"{recipe}: success rate", xlabel="training step", ylabel="success", ylim=(-0.03, 1.03))
     axes.xaxis.get_major_locator().set_params(integer=True)
     axes.grid(alpha=0.3)
@@ -113,13 +130,9 @@ def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
     plt.close(figure)
 
 
-def train_curves(rows: list[dict]) -> dict[str, dict[int, float]]:
-    curves: dict[str, dict[int, float]] = {}
-    for row in rows:
-        for key, value in row.items():
-            if key.startswith("train/") and key.endswith("/success"):
-                curves.setdefault(key.split("/")[1], {})[row["step"]] = value
-    return curves
+def validation_tags(recipe: str, overrides: list[str]) -> list[str]:
+    """The recipe's validation tags, read from its composed config (no model is loaded)."""
+    return list(load_config(recipe, overrides).es_manager.val.env_configs.tags)
 
 
 def main() -> None:
@@ -133,30 +146,22 @@ def main() -> None:
     args = parser.parse_args()
     out = (args.out or ROOT / "results" / args.recipe).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    n_tags = len(tag_list(args.recipe, args.overrides))
+    n_tags = len(validation_tags(args.recipe, args.overrides))
     overrides = [f"es_manager.val.env_groups={args.val_groups * n_tags}", *args.overrides]
     runs = {}
     for seed in args.seeds:
         run_dir = out / "runs" / f"seed_{seed}"
         wall = train(args.recipe, seed, run_dir, args, overrides)
         rows = read_rows(run_dir)
-        runs[seed] = {"val": val_curves(rows), "train": train_curves(rows), "wall_time_s": wall}
-        print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success "
-              + ", ".join(f"{tag} {min(c.items())[1]:.3f} -> {max(c.items())[1]:.3f}" for tag, c in runs[seed]["val"].items()),
-              flush=True)
+        runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
+                      "wall_time_s": wall}
+        changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
+        print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
     summary = summarise(runs, args.recipe, args)
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     (out / "results.md").write_text(markdown(summary))
     plot(runs, out / "curve.png", args.recipe)
     print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png")
-
-
-def tag_list(recipe: str, overrides: list[str]) -> list[str]:
-    """The recipe's validation tags, read from its composed config (nothing is loaded)."""
-    sys.path.insert(0, str(ROOT))
-    from ragen.config import load_config
-
-    return list(load_config(recipe, overrides).es_manager.val.env_configs.tags)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.test_train_e2e import REPO, read_metrics, train
+from tests.test_train_e2e import read_metrics, train, train_command
 
 ARGS = ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.backend=local", "agent_proxy.max_turn=2",
         "trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.ppo_epochs=4",
@@ -24,9 +24,7 @@ def records(run_dir: Path, step: int) -> list[dict]:
 
 def kill_during_step(model_path: str, run_dir: Path, step: int) -> None:
     """Start a run and SIGKILL it once step `step`'s rollout is on disk, before its update is saved."""
-    command = ["bash", str(REPO / "train.sh"), "sokoban", f"model_path={model_path}",
-               f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
-               f"logging.log_image_dir={run_dir / 'log'}", "actor_rollout_ref.rollout.response_length=16", *ARGS]
+    command = train_command("sokoban", model_path, run_dir, *ARGS)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
     marker = run_dir / "rollouts" / "train" / f"step_{step}.jsonl"

@@ -44,10 +44,10 @@ class BanditConfig:
             value = getattr(self, name)
             if not value.strip() or value != value.strip():
                 raise ValueError(f"{name}={value!r} must be a non-empty name without surrounding whitespace")
-        if self.safe_arm_name.lower() == self.risky_arm_name.lower():
+        if names(self.safe_arm_name, self.risky_arm_name) or names(self.risky_arm_name, self.safe_arm_name):
             raise ValueError(
-                f"safe_arm_name and risky_arm_name are both {self.safe_arm_name!r} (ignoring case): give the "
-                "arms different names, since the action is the arm's name"
+                f"safe_arm_name {self.safe_arm_name!r} and risky_arm_name {self.risky_arm_name!r}: one names the "
+                "other (ignoring case), so an answer could not name one alone; give the arms distinct names"
             )
         if not 0.0 <= self.risky_prob <= 1.0:
             raise ValueError(f"risky_prob={self.risky_prob} must be in [0, 1]")
@@ -59,6 +59,11 @@ class BanditConfig:
             )
 
 
+def names(arm: str, text: str) -> bool:
+    """Whether `text` names `arm` as a whole word (not inside another word), ignoring case."""
+    return re.search(rf"(?<!\w){re.escape(arm.lower())}(?!\w)", text.lower()) is not None
+
+
 def _instructions(config: BanditConfig) -> str:
     """Name the arms alphabetically, so the prompt does not reveal which one is safe."""
     arms = sorted([config.safe_arm_name, config.risky_arm_name])
@@ -66,7 +71,7 @@ def _instructions(config: BanditConfig) -> str:
 
 
 class BanditEnv(gymnasium.Env):
-    """One pull of a two-armed bandit; the action is an arm's name, matched ignoring case."""
+    """One pull of a two-armed bandit; the action is an answer that names exactly one arm, ignoring case."""
 
     metadata = {"render_modes": ["ansi"]}
     # The class attributes describe the default arms; an instance rewrites them for its configured names.
@@ -94,7 +99,7 @@ class BanditEnv(gymnasium.Env):
         return self.render(), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        named = [arm for arm in self.arm_order if re.search(rf"\b{re.escape(arm.lower())}\b", action.lower())]
+        named = [arm for arm in self.arm_order if names(arm, action)]
         if len(named) != 1:
             return self.render(), 0.0, False, False, step_info(valid=False, effective=False, success=False)
         arm = named[0]

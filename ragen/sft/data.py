@@ -4,13 +4,12 @@ The oracle agents of ragen/envs/baselines.py (BFS for Sokoban, value iteration f
 the recipe's training environments through the very rollout loop that RL runs (`AgentProxy`). The one
 thing swapped out is the model: `ExpertPolicy` answers each prompt with the oracle's next actions in the
 reply format, `<think>…</think><answer>a || b</answer>`. So the system prompt, the state messages, the
-chat template, the forced `<think>` opening, the action separator and the per-turn action limit are those
+chat template, the forced opening (`<think>`, or `<answer>` without thinking), the action separator and the per-turn action limit are those
 of an RL trajectory of the same recipe, token for token; SFT teaches exactly the format RL uses.
 
 Each row is one episode: its token ids and loss mask (1 on the reply tokens, as in RL), the rendered
 text, the turns in words (state, reply, actions, reward), and the seed that reproduces it. Train and
-test seeds never overlap, and both lie below the validation seeds of training (`trainer.val_seed`,
-1,000,000). The file's metadata records the recipe and a fingerprint of the tokenizer; the SFT trainer
+test seeds never overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records the recipe and a fingerprint of the tokenizer; the SFT trainer
 refuses data made with another tokenizer.
 
     python -m ragen.sft.data --env sokoban --train-size 1000 --test-size 64 --output data/sft/sokoban
@@ -54,7 +53,7 @@ class ExpertPolicy:
         active = [state for state in self.env_manager.states if not state.done]
         assert len(active) == len(prompts), "the prompts are those of the unfinished environments, in order"
         replies = [self.reply(state) for state in active]
-        # the prompt already ends with the forced "<think>"; the reply continues after it, like a sampled one
+        # the prompt already ends with the forced opening tag; the reply continues after it, like a sampled one
         ids = [self.tokenizer.encode(reply, add_special_tokens=False) for reply in replies]
         return DataProto(non_tensor_batch={"response_ids": ids})
 
@@ -128,11 +127,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 0:
         parser.error("--train-size must be >= 1 and --test-size >= 0")
-    if args.seed < 0 or args.seed + args.train_size + args.test_size > 1_000_000:
-        parser.error("seeds must lie in [0, 1000000): the validation start states of training begin there")
     recipes = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("base", "sft"))
     if args.env not in recipes:
         parser.error(f"unknown recipe {args.env!r}; the recipes in config/ are {recipes}")
+    val_seed = load_config(args.env, args.overrides).trainer.val_seed
+    if args.seed < 0 or args.seed + args.train_size + args.test_size > val_seed:
+        parser.error(f"seeds must lie in [0, {val_seed}): the validation start states of training "
+                     "(trainer.val_seed) begin there")
     output = args.output or Path("data/sft") / args.env
 
     test_start = args.seed + args.train_size

@@ -212,7 +212,7 @@ class SFTTrainer(Worker):
 
     def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The summed negative log-likelihood of the reply tokens of a micro-batch (ppo_update averages it)."""
-        log_probs, _ = token_log_probs(self.model, batch, with_entropy=False)
+        log_probs, _ = token_log_probs(self.model, batch, with_entropy=False, temperature=1.0)
         mask = batch["loss_mask"]
         nll = -(log_probs * mask).sum()
         return nll, {"loss": (nll / mask.sum().clamp(min=1)).item()}
@@ -229,7 +229,7 @@ class SFTTrainer(Worker):
         for start in range(0, per_rank, micro):
             chunk = rows[start:start + micro] or [0]  # a rank out of rows runs a dummy forward and counts nothing
             batch = collate(self.test, chunk, self.tokenizer.pad_token_id).to(self.device).batch
-            log_probs, _ = token_log_probs(self.model, batch, with_entropy=False)
+            log_probs, _ = token_log_probs(self.model, batch, with_entropy=False, temperature=1.0)
             if rows[start:start + micro]:
                 totals[0] -= (log_probs * batch["loss_mask"]).sum().item()
                 totals[1] += batch["loss_mask"].sum().item()

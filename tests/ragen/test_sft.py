@@ -12,6 +12,7 @@ import torch
 
 from ragen.config import ConfigError, load_config
 from ragen.context_manager import ContextManager, parse_reply, reply_spans
+from ragen.env_state_manager import reseed
 from ragen.envs import make_env
 from ragen.envs.baselines import ORACLE_PLANS
 from ragen.sft.data import expert_episodes, main as generate_main, tokenizer_fingerprint
@@ -30,6 +31,7 @@ def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int
     context = ContextManager(tokenizer, cfg.agent_proxy, {row["tag"]: env.instructions},
                              {row["tag"]: env.example_action}, eos_token_ids(model_path, tokenizer))
     obs, _ = env.reset(seed=row["seed"])
+    reseed(env, [row["seed"], 0])  # as the env-state manager does: the data uses groups of one
     actions_left = spec.max_actions_per_traj
     trajectory = context.start(row["tag"], obs, actions_left)
     turns = json.loads(row["turns"])

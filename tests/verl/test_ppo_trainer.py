@@ -101,7 +101,7 @@ def test_critic_warmup_skips_the_actor_update(tmp_path):
     assert [what for _, what, _ in calls].count("update_actor") == 1
 
 
-@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+@pytest.mark.parametrize("estimator", ["gae", "grpo", "rloo", "reinforce"])
 @pytest.mark.parametrize("rewards, group_size, updates", [
     ([1.0, 1.0, 0.0, 0.0], 2, False),  # every group agrees: advantages are 0 or critic noise
     ([1.0, 0.0, 0.0, 0.0], 2, True),
@@ -109,8 +109,10 @@ def test_critic_warmup_skips_the_actor_update(tmp_path):
     ([1.0, 0.0], 1, True),
 ])
 def test_no_actor_step_when_no_trajectory_beat_another(tmp_path, estimator, rewards, group_size, updates):
-    if estimator == "grpo" and group_size == 1:
-        pytest.skip("grpo needs groups")
+    if estimator in ("grpo", "rloo") and group_size == 1:
+        pytest.skip("needs groups")
+    if estimator == "reinforce":  # A = R: a batch of rewards 1 and 0 is signal even when groups agree
+        updates = any(rewards)
     trainer, calls = make_trainer(tmp_path, rewards, group_size=group_size, critic=estimator == "gae",
                                   algorithm=AlgorithmConfig(adv_estimator=estimator))
     trainer.fit()
@@ -118,7 +120,7 @@ def test_no_actor_step_when_no_trajectory_beat_another(tmp_path, estimator, rewa
     assert whats.count("update_actor") == int(updates)
     assert whats.count("update_critic") == int(estimator == "gae")  # the critic still learns the values
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert logged["actor/update_skipped"] == float(not updates)
+    assert logged["actor/zero_variance_skip"] == float(not updates)
 
 
 def test_the_zero_variance_skip_can_be_turned_off(tmp_path):

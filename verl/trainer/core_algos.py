@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from verl.trainer.config import AlgorithmConfig
 
 EPS = 1e-6  # guards divisions by a group's reward std, as in GRPO's reference implementation
+CONSTANT_RELATIVE_VARIANCE = 1e-10  # returns whose variance is below this share of their mean square are constant
 
 
 # ---- masks and group statistics -----------------------------------------------------------------
@@ -323,8 +324,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     and in float32 an ulp of spread would turn it into -1e14. Computed in float64."""
     values, returns, mask = values.double(), returns.double(), mask.double()
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    scale = masked_mean(returns**2, mask)
-    if var_returns <= 1e-10 * scale or var_returns == 0:
+    if var_returns <= CONSTANT_RELATIVE_VARIANCE * masked_mean(returns**2, mask):  # also catches 0 == 0
         return None
     residual = returns - values
     var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)

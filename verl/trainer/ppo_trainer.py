@@ -75,9 +75,8 @@ class PPOTrainer:
                 if self.critic_wg is not None:
                     with timed("update_critic", metrics):
                         metrics |= self.critic_wg.update_critic(batch)
-                metrics["actor/update_skipped"] = float(self.algorithm.skip_zero_variance_batches
-                                                        and no_reward_spread(batch))
-                if step > self.config.critic_warmup and not metrics["actor/update_skipped"]:
+                metrics["actor/zero_variance_skip"] = float(self.is_zero_variance(batch))
+                if step > self.config.critic_warmup and not metrics["actor/zero_variance_skip"]:
                     with timed("update_actor", metrics):
                         metrics |= self.actor_rollout_wg.update_actor(batch)
                 if self.val_agent is not None and self.config.test_freq > 0 and (
@@ -134,6 +133,17 @@ class PPOTrainer:
                 metrics["critic/vf_explained_var"] = explained
         added = DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})
         return batch.union(added), metrics
+
+    def is_zero_variance(self, batch: DataProto) -> bool:
+        """Whether the batch says nothing about which actions are better, so the actor takes no step
+        (`algorithm.skip_zero_variance_batches`). Without a critic: every advantage is 0. With one: every
+        group's trajectories got the same reward (the whole batch's, for groups of one), so any advantage is
+        critic noise, whitened to unit scale. The actor's LR schedule advances only with actor steps."""
+        if not self.algorithm.skip_zero_variance_batches:
+            return False
+        if self.critic_wg is None:
+            return bool((batch.batch["advantages"][batch.batch["adv_mask"].bool()] == 0).all())
+        return equal_rewards_within_groups(batch)
 
     def validate(self, step: int) -> dict[str, float]:
         """Play the validation set (the same start states every time) with the validation sampling."""
@@ -192,10 +202,8 @@ def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
     return records
 
 
-def no_reward_spread(batch: DataProto) -> bool:
-    """Whether every group's trajectories got the same reward (the whole batch's, for groups of one). Then no
-    trajectory did better than another from the same start: the advantages are 0 (group baselines) or critic
-    noise (GAE, whitened to unit scale), and an actor step would move the policy at random, so none is taken."""
+def equal_rewards_within_groups(batch: DataProto) -> bool:
+    """Whether every group's trajectories got the same reward (the whole batch's, for groups of one)."""
     index = group_index(batch.non_tensor_batch["group_ids"])
     if torch.bincount(index).max() == 1:
         index = torch.zeros_like(index)

@@ -170,8 +170,8 @@ def load_policy(model_config: ModelConfig, device: torch.device, *, lora_rank: i
     return model
 
 
-def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], with_entropy: bool,
-                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, with_entropy: bool,
+                    temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked, of the
     distribution softmax(logits / temperature): column t is about token t given the tokens before it;
     column 0, which nothing predicts, is 0. Used by the PPO update and the scoring passes (at the rollout

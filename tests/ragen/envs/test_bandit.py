@@ -94,7 +94,7 @@ def test_the_format_example_names_no_arm(safe, risky):
 
 
 @pytest.mark.parametrize("answer, arm", [("dragon", "dragon"), ("I choose Dragon.", "dragon"),
-                                         ("phoenix is my pick", "phoenix")])
+                                         ("phoenix is my pick", "phoenix"), ("(phoenix)", "phoenix")])
 def test_an_answer_naming_exactly_one_arm_pulls_it(answer, arm):
     env = make()
     env.reset(seed=0)
@@ -113,6 +113,7 @@ def test_instructions_do_not_reveal_the_risky_arm_by_order():
         ({"safe_reward": 0.3}, "risky_prob * risky_reward"),
         ({"risky_prob": 1.5}, "risky_prob"),
         ({"risky_arm_name": "Phoenix"}, "risky_arm_name"),
+        ({"risky_arm_name": "red phoenix"}, "names the other"),  # "red phoenix" names phoenix too
         ({"safe_arm_name": " "}, "safe_arm_name"),
     ],
 )
