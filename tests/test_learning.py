@@ -19,7 +19,8 @@ STEPS = 6
 
 def test_a_short_bandit_run_learns_the_better_arm(tmp_path):
     command = ["bash", str(REPO / "train.sh"), "bandit", "trainer.backend=local",
-               f"trainer.total_training_steps={STEPS}", f"trainer.test_freq={STEPS}", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+               f"trainer.total_training_steps={STEPS}", f"trainer.test_freq={STEPS}", "trainer.save_freq=-1",
+               "trainer.logger=[jsonl]",
                f"trainer.default_local_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}",
                "logging.log_images=false", "trainer.rollout_data_dir=null",
                "es_manager.train.env_groups=4", "es_manager.train.group_size=4",

@@ -1,9 +1,10 @@
 """`check_env`: does a text environment keep the contract the rest of RAGEN relies on?
 
-Gymnasium's own checker covers spaces, seeding and the 5-tuple; this one adds what a text agent needs:
-string observations equal to the "ansi" render, the three `info` keys, invalid text that changes nothing
-(not the state, not the random stream, not the step count), episodes that end, and a format example that
-is an action without the reply tags (it need not be valid: the bandit's names no arm). Run it on every new environment (README: "Add your own environment").
+Gymnasium's own checker covers spaces, seeding and the 5-tuple; this one adds what a text agent needs: string
+observations equal to the "ansi" render, the three `info` keys, invalid text that changes nothing (not the
+state, not the random stream, not the step count), episodes that end, and a format example that is an action
+without the reply tags (it need not be valid: the bandit's names no arm). Run it on every new environment
+(README: "Add your own environment").
 """
 
 import dataclasses

@@ -1,16 +1,17 @@
 """Expert conversations for the supervised warm start: `bash sft/generate_data.sh sokoban`.
 
-The oracle agents of ragen/envs/baselines.py (BFS for Sokoban, value iteration for FrozenLake, ...) play
-the recipe's training environments through the very rollout loop that RL runs (`AgentProxy`). The one
-thing swapped out is the model: `ExpertPolicy` answers each prompt with the oracle's next actions in the
-reply format, `<think>…</think><answer>a || b</answer>`. So the system prompt, the state messages, the
-chat template, the forced opening (`<think>`, or `<answer>` without thinking), the action separator and the per-turn action limit are those
-of an RL trajectory of the same recipe, token for token; SFT teaches exactly the format RL uses.
+The oracle agents of ragen/envs/baselines.py (BFS for Sokoban, value iteration for FrozenLake, ...) play the
+recipe's training environments through the very rollout loop that RL runs (`AgentProxy`). The one thing
+swapped out is the model: `ExpertPolicy` answers each prompt with the oracle's next actions in the reply
+format, `<think>…</think><answer>a || b</answer>`. So the system prompt, the state messages, the chat
+template, the forced opening (`<think>`, or `<answer>` without thinking), the action separator and the
+per-turn action limit are those of an RL trajectory of the same recipe, token for token; SFT teaches exactly
+the format RL uses.
 
-Each row is one episode: its token ids and loss mask (1 on the reply tokens, as in RL), the rendered
-text, the turns in words (state, reply, actions, reward), and the seed that reproduces it. Train and
-test seeds never overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records the recipe and a fingerprint of the tokenizer; the SFT trainer
-refuses data made with another tokenizer.
+Each row is one episode: its token ids and loss mask (1 on the reply tokens, as in RL), the rendered text, the
+turns in words (state, reply, actions, reward), and the seed that reproduces it. Train and test seeds never
+overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records
+the recipe and a fingerprint of the tokenizer; the SFT trainer refuses data made with another tokenizer.
 
     python -m ragen.sft.data --env sokoban --train-size 1000 --test-size 64 --output data/sft/sokoban
 """

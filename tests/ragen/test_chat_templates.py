@@ -65,7 +65,8 @@ def converse(tokenizer, config, replies, window=-1):
 
 REPLIES_THINK = [("ok</think><answer>Left</answer>", True), ("hm</think><answer>Up || Down</answer>", False),
                  ("done</think><answer>Right</answer>", True)]
-REPLIES_ANSWER = [("Left</answer>", True), ("Up</answer>", False), ("Right</answer>", True)]  # after the forced <answer>
+# after the forced <answer>
+REPLIES_ANSWER = [("Left</answer>", True), ("Up</answer>", False), ("Right</answer>", True)]
 
 
 @pytest.mark.parametrize("enable_think", [True, False])
