@@ -35,7 +35,7 @@ MAX_TEXT_LENGTH = 1024  # bound of the text spaces; they exist for gymnasium's c
 class BanditConfig:
     safe_arm_name: str = "phoenix"  # arm that always pays safe_reward
     risky_arm_name: str = "dragon"  # arm that pays risky_reward with probability risky_prob, else 0
-    safe_reward: float = 0.15  # payout of the safe arm
+    safe_reward: float = 0.1  # payout of the safe arm (RAGEN's lo_arm_score)
     risky_reward: float = 1.0  # payout of the risky arm when it pays
     risky_prob: float = 0.25  # probability that the risky arm pays
 

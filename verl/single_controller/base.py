@@ -40,8 +40,9 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # FSDP's device mesh uses the current device
         else:
-            # Ray pins actors with fractional CPUs to one thread; share the machine's cores instead.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            # Ray pins actors with fractional CPUs to one thread; share the cores this process may run on
+            # (all of the machine's, or those `taskset` gave it) instead.
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         if world_size == 1:  # FSDP shards over a group even alone: one code path for any number of ranks
             init_single_rank_group(self.backend)

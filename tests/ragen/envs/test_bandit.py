@@ -39,7 +39,7 @@ def test_safe_arm_pays_steady_reward_and_is_not_success():
     for seed in range(50):
         env.reset(seed=seed)
         obs, reward, terminated, truncated, info = env.step("phoenix")
-        assert reward == 0.15 and type(reward) is float
+        assert reward == 0.1 and type(reward) is float
         assert terminated and not truncated
         assert info == {"action_is_valid": True, "action_is_effective": True, "success": False}
         assert "You pulled phoenix" in obs
