@@ -10,7 +10,9 @@ Writes to `--out` (default `results/<recipe>`):
 - `results.md` and `results.json`: per validation tag, success before and after training, mean and standard
   deviation over the seeds and each seed's value, and the wall time per run;
 - `curve.png`: validation success against the training step, the seeds' mean with their min-max band, and
-  the training success of each seed.
+  the training success of each seed;
+- `signals.png`: the echo-trap signals of each seed against the step (policy entropy, reward std over the
+  batch and within groups, 4-gram repetition of the replies); results.md gives their early and late means.
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again, so an
 interrupted reproduction, or one with more seeds, continues where it stopped.
@@ -26,8 +28,11 @@ import time
 from pathlib import Path
 
 from ragen.config import load_config
+from ragen.plot import read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]
+SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "reward std (batch)",
+           "rollout/in_group_std": "reward std within groups", "rollout/response_repetition": "4-gram repetition"}
 
 
 def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides: list[str]) -> list[str]:
@@ -58,10 +63,6 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     return wall
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def success_curves(rows: list[dict], prefix: str) -> dict[str, dict[int, float]]:
     """{tag: {step: success}} from the metrics `<prefix>/<tag>/success` (val-env: validation, train: batches)."""
     curves: dict[str, dict[int, float]] = {}
@@ -70,6 +71,16 @@ def success_curves(rows: list[dict], prefix: str) -> dict[str, dict[int, float]]
             if key.startswith(f"{prefix}/") and key.endswith("/success"):
                 curves.setdefault(key.split("/")[1], {})[row["step"]] = value
     return curves
+
+
+def signal_means(rows: list[dict], window: int = 5) -> dict[str, tuple[float, float]]:
+    """{metric: (mean over the first `window` training steps, mean over the last `window`)} per echo-trap signal."""
+    means = {}
+    for key in SIGNALS:
+        values = series(rows, key)[1]
+        if values:
+            means[key] = (statistics.mean(values[:window]), statistics.mean(values[-window:]))
+    return means
 
 
 def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
@@ -83,7 +94,8 @@ def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
                       "before_mean": statistics.mean(before)}
     return {"recipe": recipe, "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
-            "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table}
+            "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
+            "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
 
 
 def markdown(summary: dict) -> str:
@@ -97,7 +109,12 @@ def markdown(summary: dict) -> str:
                      f"{per_seed} |")
     times = ", ".join(f"{t / 60:.1f}" for t in summary["wall_time_s"].values())
     lines += ["", f"Steps per run: {sorted(set(summary['steps'].values()))}; wall time per run (min): {times}.",
-              f"Extra overrides: {summary['overrides'] or 'none'}."]
+              f"Extra overrides: {summary['overrides'] or 'none'}.", "",
+              "Echo-trap signals, mean of the first 5 training steps -> mean of the last 5:", "",
+              "| seed | " + " | ".join(SIGNALS.values()) + " |", "|---" * (len(SIGNALS) + 1) + "|"]
+    for seed, means in summary["signals"].items():
+        cells = [f"{means[key][0]:.2f} -> {means[key][1]:.2f}" if key in means else "-" for key in SIGNALS]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,6 +146,19 @@ def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
+    figure, grid = plt.subplots(2, 2, figsize=(9, 6), sharex=True)
+    for axes, (key, title) in zip(grid.flat, SIGNALS.items()):
+        for seed, run in runs.items():
+            steps, values = series(run["rows"], key)
+            axes.plot(steps, values, label=f"seed {seed}")
+        axes.set(title=title, xlabel="training step")
+        axes.grid(alpha=0.3)
+    grid.flat[0].legend(fontsize="small")
+    figure.suptitle(f"{recipe}: echo-trap signals")
+    figure.tight_layout()
+    figure.savefig(path.with_name("signals.png"), dpi=110)
+    plt.close(figure)
+
 
 def validation_tags(recipe: str, overrides: list[str]) -> list[str]:
     """The recipe's validation tags, read from its composed config (no model is loaded)."""
@@ -152,16 +182,16 @@ def main() -> None:
     for seed in args.seeds:
         run_dir = out / "runs" / f"seed_{seed}"
         wall = train(args.recipe, seed, run_dir, args, overrides)
-        rows = read_rows(run_dir)
+        rows = read_metrics(run_dir)
         runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
-                      "wall_time_s": wall}
+                      "wall_time_s": wall, "rows": rows}
         changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
     summary = summarise(runs, args.recipe, args)
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     (out / "results.md").write_text(markdown(summary))
     plot(runs, out / "curve.png", args.recipe)
-    print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png")
+    print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png, signals.png")
 
 
 if __name__ == "__main__":
