@@ -1,9 +1,12 @@
-"""Reference agents that every learning curve is judged against: a random agent and an oracle.
+"""Reference agents that every learning curve is judged against: a random agent, a constant one and an oracle.
 
-The random agent plays `env.sample_action` (a uniformly random well-formed action). The oracle reads the
-environment's true state (it is privileged, not a text agent) and plays the best known policy: a BFS
-shortest solution for Sokoban, value iteration for FrozenLake (a shortest path when the ice is not
-slippery), the arm with the higher expected value for Bandit, an exhaustive solver for Countdown.
+The random agent plays `env.sample_action` (a uniformly random well-formed action). The constant agent
+repeats one action word every step, and is scored with the best word of the env's move set (Sokoban,
+FrozenLake): a policy that never reads the state, which a text policy can learn without understanding the
+board (on slippery 4x4 FrozenLake, "Right" on every step reaches the goal about 19 % of the time). The
+oracle reads the environment's true state (it is privileged, not a text agent) and plays the best known
+policy: a BFS shortest solution for Sokoban, value iteration for FrozenLake (a shortest path when the ice
+is not slippery), the arm with the higher expected value for Bandit, an exhaustive solver for Countdown.
 
     python -m ragen.envs.baselines SimpleSokoban FrozenLake --seeds 200
 
@@ -22,8 +25,10 @@ from ragen.envs import ENV_REGISTRY, make_env
 from ragen.envs.bandit import BanditEnv
 from ragen.envs.countdown import CountdownEnv
 from ragen.envs.countdown import solve as solve_countdown
+from ragen.envs.frozen_lake import ACTION_WORDS as FROZEN_LAKE_ACTIONS
 from ragen.envs.frozen_lake import FrozenLakeEnv
 from ragen.envs.frozen_lake import oracle_action as frozen_lake_action
+from ragen.envs.sokoban import ACTIONS as SOKOBAN_ACTIONS
 from ragen.envs.sokoban import SokobanEnv, solve_env
 
 MAX_EPISODE_ACTIONS = 10_000  # bound for envs run without a step budget; every registered env truncates sooner
@@ -45,6 +50,11 @@ ORACLE_PLANS: dict[type[gymnasium.Env], Callable[[gymnasium.Env], list[str]]] = 
     BanditEnv: lambda env: [env.config.risky_arm_name],
     CountdownEnv: _countdown_plan,
 }
+
+
+# Per env class: the action words a constant agent may repeat (envs whose actions are moves on a board).
+MOVE_WORDS: dict[type[gymnasium.Env], list[str]] = {SokobanEnv: list(SOKOBAN_ACTIONS),
+                                                   FrozenLakeEnv: FROZEN_LAKE_ACTIONS}
 
 
 class RandomAgent:
@@ -77,7 +87,20 @@ class OracleAgent:
         return self.plan.pop(0) if self.plan else self.fallback.act(env)
 
 
-AGENTS = {"random": RandomAgent, "oracle": OracleAgent}
+class ConstantAgent:
+    """Plays the same action word on every step."""
+
+    def __init__(self, action: str):
+        self.action = action
+
+    def reset(self) -> None:
+        pass
+
+    def act(self, env: gymnasium.Env) -> str:
+        return self.action
+
+
+AGENTS = {"random": RandomAgent, "constant": ConstantAgent, "oracle": OracleAgent}
 
 
 @dataclass
@@ -108,6 +131,16 @@ def evaluate(env: gymnasium.Env, agent, seeds: Sequence[int], max_actions: int) 
     return BaselineResult(len(seeds), float(np.mean(successes)), float(np.mean(returns)), float(np.mean(lengths)))
 
 
+def best_constant(env: gymnasium.Env, seeds: Sequence[int], max_actions: int) -> tuple[str, BaselineResult] | None:
+    """The move word whose constant repetition succeeds most often, with its result; None without a move set."""
+    words = MOVE_WORDS.get(type(env.unwrapped))
+    if words is None:
+        return None
+    results = {word: evaluate(env, ConstantAgent(word), seeds, max_actions) for word in words}
+    word = max(results, key=lambda w: (results[w].success_rate, results[w].mean_return))
+    return word, results[word]
+
+
 def resolve_env(name: str, overrides: Sequence[str] = ()) -> tuple[gymnasium.Env, int]:
     """A `custom_envs` tag (with its step budget) or a registered env type (bounded by its own max_steps)."""
     from ragen.config import load_config  # Hydra; imported here so that `ragen.envs` stays light
@@ -133,12 +166,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    print(f"{'env':<26}{'agent':<8}{'episodes':>9}{'success':>9}{'return':>9}{'actions':>9}")
+    print(f"{'env':<26}{'agent':<16}{'episodes':>9}{'success':>9}{'return':>9}{'actions':>9}")
     for name in args.envs:
         env, budget = resolve_env(name, args.override)
         for agent_name in args.agents:
-            result = evaluate(env, AGENTS[agent_name](args.first_seed), seeds, args.max_actions or budget)
-            print(f"{name:<26}{agent_name:<8}{result.episodes:>9}{result.success_rate:>9.3f}"
+            if agent_name == "constant":
+                best = best_constant(env, seeds, args.max_actions or budget)
+                if best is None:  # no move set to repeat (Bandit, Countdown)
+                    continue
+                label, result = f"{agent_name} {best[0]}", best[1]
+            else:
+                label, result = agent_name, evaluate(env, AGENTS[agent_name](args.first_seed), seeds,
+                                                     args.max_actions or budget)
+            print(f"{name:<26}{label:<16}{result.episodes:>9}{result.success_rate:>9.3f}"
                   f"{result.mean_return:>9.3f}{result.mean_actions:>9.2f}")
 
 

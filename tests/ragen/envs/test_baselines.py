@@ -1,7 +1,7 @@
 import pytest
 
 from ragen.envs import make_env
-from ragen.envs.baselines import OracleAgent, RandomAgent, evaluate, main
+from ragen.envs.baselines import ConstantAgent, OracleAgent, RandomAgent, best_constant, evaluate, main
 
 
 def test_oracle_solves_every_6x6_sokoban_level_of_200_seeds():
@@ -46,13 +46,31 @@ def test_cli_prints_a_row_per_env_and_agent(capsys):
     main(["SimpleSokoban", "bandit", "--seeds", "5"])
     rows = capsys.readouterr().out.strip().splitlines()
     assert rows[0].split() == ["env", "agent", "episodes", "success", "return", "actions"]
-    assert [row.split()[:3] for row in rows[1:]] == [
-        ["SimpleSokoban", "random", "5"], ["SimpleSokoban", "oracle", "5"], ["bandit", "random", "5"],
-        ["bandit", "oracle", "5"],
+    # the constant row names its best word; the bandit has no move set, so no constant row
+    assert [row.split()[:2] for row in rows[1:]] == [
+        ["SimpleSokoban", "random"], ["SimpleSokoban", "constant"], ["SimpleSokoban", "oracle"],
+        ["bandit", "random"], ["bandit", "oracle"],
     ]
-    assert float(rows[2].split()[3]) == 1.0 and float(rows[4].split()[3]) == 1.0
+    assert rows[2].split()[2] in ("Up", "Down", "Left", "Right") and rows[2].split()[3] == "5"
+    assert float(rows[3].split()[3]) == 1.0 and float(rows[5].split()[3]) == 1.0
 
 
 def test_cli_rejects_unknown_env():
     with pytest.raises(SystemExit, match="unknown env 'Nope'"):
         main(["Nope"])
+
+
+def test_best_constant_move_is_a_real_yardstick_on_slippery_frozen_lake():
+    env = make_env("frozen_lake")
+    seeds = range(300)
+    word, constant = best_constant(env, seeds, max_actions=20)
+    assert word in ("Down", "Right")  # the goal is bottom right; a slide never goes backwards
+    random = evaluate(env, RandomAgent(), seeds, max_actions=20)
+    oracle = evaluate(env, OracleAgent(), seeds, max_actions=20)
+    assert random.success_rate + 0.08 < constant.success_rate < oracle.success_rate - 0.1
+    left = evaluate(env, ConstantAgent("Left"), seeds, max_actions=20)
+    assert left.success_rate == 0.0  # Left slides up or down, never right: it cannot reach the right column
+
+
+def test_no_constant_baseline_without_a_move_set():
+    assert best_constant(make_env("bandit"), range(5), max_actions=1) is None
