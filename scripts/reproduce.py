@@ -169,7 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="a recipe of train.sh: bandit, frozen_lake, sokoban, countdown")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="training seeds (trainer.seed)")
-    parser.add_argument("--val-seed", type=int, default=3_000_000, help="first validation start state (seed)")
+    parser.add_argument("--val-seed", type=int, default=5_000_000, help="first validation start state (seed)")
     parser.add_argument("--val-groups", type=int, default=64, help="validation start states per validation tag")
     parser.add_argument("--out", type=Path, help="output folder (default results/<recipe>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
