@@ -146,6 +146,13 @@ def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
+
+def plot_signals(runs: dict[int, dict], path: Path, recipe: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     figure, grid = plt.subplots(2, 2, figsize=(9, 6), sharex=True)
     for axes, (key, title) in zip(grid.flat, SIGNALS.items()):
         for seed, run in runs.items():
@@ -156,7 +163,7 @@ def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
     grid.flat[0].legend(fontsize="small")
     figure.suptitle(f"{recipe}: echo-trap signals")
     figure.tight_layout()
-    figure.savefig(path.with_name("signals.png"), dpi=110)
+    figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
@@ -191,6 +198,7 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     (out / "results.md").write_text(markdown(summary))
     plot(runs, out / "curve.png", args.recipe)
+    plot_signals(runs, out / "signals.png", args.recipe)
     print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png, signals.png")
 
 

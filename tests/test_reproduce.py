@@ -41,4 +41,5 @@ def test_summary_table_signals_and_figures(tmp_path):
     assert "| 1 | 1.00 -> 0.20 | - | 0.20 -> 0.20 | 0.50 -> 0.50 |" in text
 
     reproduce.plot(runs, tmp_path / "curve.png", "bandit")
+    reproduce.plot_signals(runs, tmp_path / "signals.png", "bandit")
     assert (tmp_path / "curve.png").stat().st_size > 0 and (tmp_path / "signals.png").stat().st_size > 0

@@ -100,7 +100,8 @@ class ConstantAgent:
         return self.action
 
 
-AGENTS = {"random": RandomAgent, "constant": ConstantAgent, "oracle": OracleAgent}
+AGENTS = {"random": RandomAgent, "oracle": OracleAgent}  # built from a seed; the constant agent from a word
+AGENT_NAMES = ["random", "constant", "oracle"]  # the CLI's rows, in order
 
 
 @dataclass
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=100, help="episodes per env and agent (default 100)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds are first_seed, first_seed+1, ...")
     parser.add_argument("--max-actions", type=int, help="step budget per episode (default: the tag's own)")
-    parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=list(AGENTS))
+    parser.add_argument("--agents", nargs="+", default=AGENT_NAMES, choices=AGENT_NAMES)
     parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides for config/base.yaml")
     args = parser.parse_args(argv)
 
