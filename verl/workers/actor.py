@@ -25,7 +25,8 @@ from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import attention_implementation, load_causal_lm, load_tokenizer, read_weights, untied
+from verl.utils.model import (attention_implementation, enable_activation_checkpointing, load_causal_lm, load_tokenizer,
+                              read_weights, untied)
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
@@ -162,7 +163,7 @@ def load_policy(model_config: ModelConfig, device: torch.device, *, lora_rank: i
     model = load_causal_lm(model_config.path, "float32", attention).to(device)
     model.config.use_cache = False  # training forwards never reuse a KV cache
     if model_config.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     if lora_rank > 0:
         model = apply_lora(model, rank=lora_rank, alpha=lora_alpha, target_modules=target_modules,
                            dropout=lora_dropout)

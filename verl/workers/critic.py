@@ -12,7 +12,7 @@ from verl.trainer.config import CriticConfig
 from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
-from verl.utils.model import attention_implementation, load_value_model, read_weights
+from verl.utils.model import attention_implementation, enable_activation_checkpointing, load_value_model, read_weights
 from verl.workers.ppo_update import make_optimizer, ppo_update
 
 
@@ -27,7 +27,7 @@ class CriticWorker(Worker):
         self.model = load_value_model(cfg.model.path, attention_implementation(cfg.model.dtype)).to(self.device)
         self.model.config.use_cache = False
         if cfg.model.enable_gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         shard_model(self.model, param_dtype=cfg.model.dtype, cpu_offload=cfg.model.cpu_offload)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
 

