@@ -130,12 +130,9 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
     groups: EnvGroupsConfig = cfg.es_manager.train if split == "train" else cfg.es_manager.val
     seed = cfg.trainer.seed if split == "train" else cfg.trainer.val_seed
     env_manager = EnvStateManager(groups, cfg.custom_envs, seed)
-    envs = env_manager.env_per_tag()
-    context = ContextManager(tokenizer, cfg.agent_proxy,
-                             instructions={tag: env.instructions for tag, env in envs.items()},
-                             example_actions={tag: env.example_action for tag, env in envs.items()},
-                             eos_ids=eos_token_ids(model_path, tokenizer),
-                             max_model_len=rollout.max_model_len or max_context_length(model_path))
+    context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, env_manager.env_per_tag(),
+                                      eos_ids=eos_token_ids(model_path, tokenizer),
+                                      max_model_len=rollout.max_model_len or max_context_length(model_path))
     knobs = rollout if split == "train" else rollout.val_kwargs
     sampling = SamplingParams(temperature=knobs.temperature, top_p=knobs.top_p, top_k=knobs.top_k,
                               max_new_tokens=rollout.response_length, stop=[ANSWER_CLOSE])

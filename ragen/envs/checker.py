@@ -49,6 +49,8 @@ def check_env(env: gymnasium.Env, seed: int = 0, max_episode_steps: int = 1000) 
     for name in ("instructions", "example_action"):
         _require(isinstance(getattr(env, name, None), str) and getattr(env, name).strip() != "",
                  f"{type(env).__name__} needs a non-empty str attribute `{name}` (used in the prompt)")
+    _require(isinstance(getattr(env, "action_choices", ""), str),
+             f"{type(env).__name__}.action_choices, if set, is a str: the moves listed in every state message")
     _require(callable(getattr(env, "sample_action", None)),
              f"{type(env).__name__} needs `sample_action(rng) -> str` (a random well-formed action)")
     with warnings.catch_warnings():

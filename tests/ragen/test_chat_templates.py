@@ -86,7 +86,7 @@ def test_trajectory_is_the_rendered_conversation_token_for_token(family, enable_
     messages = [{"role": "system", "content": context._system_prompt("T")}]
     for turn, text in enumerate(texts):
         reward = None if turn == 0 else -0.1
-        messages.append({"role": "user", "content": context._state_message(f"state {turn + 1}", turn + 1, 10 - turn,
+        messages.append({"role": "user", "content": context._state_message("T", f"state {turn + 1}", turn + 1, 10 - turn,
                                                                             reward)})
         messages.append({"role": "assistant", "content": text})
     rendered = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
@@ -110,9 +110,9 @@ def test_window_shows_the_system_message_and_the_last_k_turns(family):
     assert shown.startswith(tokenizer.decode(full[:system_end]))
     # The shown prompt is itself a well-formed conversation in the template.
     messages = [{"role": "system", "content": context._system_prompt("T")},
-                {"role": "user", "content": context._state_message("state 2", 2, 9, -0.1)},
+                {"role": "user", "content": context._state_message("T", "state 2", 2, 9, -0.1)},
                 {"role": "assistant", "content": texts[1]},
-                {"role": "user", "content": context._state_message("state 3", 3, 8, -0.1)}]
+                {"role": "user", "content": context._state_message("T", "state 3", 3, 8, -0.1)}]
     assert shown == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<think>"
 
 
@@ -131,10 +131,25 @@ def test_turn_scores_put_each_turn_reward_on_its_last_generated_token(tokenizer)
 def test_every_turn_states_the_format_and_the_actions_left(tokenizer):
     config = AgentProxyConfig(max_actions_per_turn=3, action_sep="|")
     context = ContextManager(tokenizer, config, {"T": "Rules."}, {"T": "Left"}, [tokenizer.eos_token_id])
-    message = context._state_message("grid", turn=2, actions_left=2, reward=1.0)
+    message = context._state_message("T", "grid", turn=2, actions_left=2, reward=1.0)
     assert message.startswith("Reward: 1\nTurn 2. State:\ngrid\nYou have 2 actions left.")
     assert "<think>...</think><answer>...</answer>" in message and "up to 2 actions separated by '|'" in message
     answer_only = ContextManager(tokenizer, AgentProxyConfig(enable_think=False, max_actions_per_turn=1),
                                  {"T": "Rules."}, {"T": "Left"}, [tokenizer.eos_token_id])
-    message = answer_only._state_message("grid", turn=1, actions_left=5, reward=None)
+    message = answer_only._state_message("T", "grid", turn=1, actions_left=5, reward=None)
     assert "Reply as <answer>...</answer>." in message and "<think>" not in message and "separated" not in message
+    assert "Choose" not in message  # no action_choices for "T"
+
+
+def test_an_env_that_lists_its_moves_gets_them_in_every_state_message(tokenizer):
+    config = AgentProxyConfig(enable_think=False, max_actions_per_turn=1)
+    context = ContextManager(tokenizer, config, {"A": "Rules.", "B": "Rules."}, {"A": "Left", "B": "x"},
+                             [tokenizer.eos_token_id], action_choices={"A": "Left or Right"})
+    trajectory = context.start("A", "grid", actions_left=3)
+    context.add_response(trajectory, context._encode("Left</answer>"))
+    assert context.add_observation(trajectory, "grid 2", reward=0.0, actions_left=2, response_length=8)
+    text = tokenizer.decode(trajectory.input_ids)
+    assert text.count("You have 3 actions left. Choose from Left or Right. Reply as <answer>...</answer>.") == 1
+    assert text.count("You have 2 actions left. Choose from Left or Right. Reply as <answer>...</answer>.") == 1
+    other = tokenizer.decode(context.start("B", "grid", actions_left=3).input_ids)
+    assert "Choose from" not in other

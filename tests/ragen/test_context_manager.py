@@ -38,9 +38,9 @@ def test_two_turn_trajectory_is_token_exact(tokenizer, context, first_ends_with_
     assert set(np.array(trajectory.turn_ids)[np.array(trajectory.loss_mask) == 1]) == {0, 1}
     # The whole sequence is the conversation as the chat template renders it.
     messages = [{"role": "system", "content": context._system_prompt("Toy")},
-                {"role": "user", "content": context._state_message("grid one", 1, 10, None)},
+                {"role": "user", "content": context._state_message("Toy", "grid one", 1, 10, None)},
                 {"role": "assistant", "content": text1},
-                {"role": "user", "content": context._state_message("grid two", 2, 8, -0.1)}]
+                {"role": "user", "content": context._state_message("Toy", "grid two", 2, 8, -0.1)}]
     expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + text2
     assert tokenizer.decode(trajectory.input_ids) == expected
 

@@ -28,8 +28,7 @@ def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int
     cfg = load_config(recipe)
     spec = cfg.custom_envs[row["tag"]]
     env = make_env(spec.env_type, dict(spec.env_config))
-    context = ContextManager(tokenizer, cfg.agent_proxy, {row["tag"]: env.instructions},
-                             {row["tag"]: env.example_action}, eos_token_ids(model_path, tokenizer))
+    context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, {row["tag"]: env}, eos_token_ids(model_path, tokenizer))
     obs, _ = env.reset(seed=row["seed"])
     reseed(env, [row["seed"], 0])  # as the env-state manager does: the data uses groups of one
     actions_left = spec.max_actions_per_traj
@@ -37,7 +36,7 @@ def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int
     turns = json.loads(row["turns"])
     for k, turn in enumerate(turns):
         assert turn["state"] == obs
-        context.add_response(trajectory, tokenizer.encode(turn["response"].removeprefix("<think>"),
+        context.add_response(trajectory, tokenizer.encode(turn["response"].removeprefix(context.reply_open),
                                                           add_special_tokens=False))
         for action in turn["actions"]:
             obs, _, terminated, truncated, _ = env.step(action)
