@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--val-groups", type=int, default=64, help="validation start states per validation tag")
     parser.add_argument("--out", type=Path, help="output folder (default results/<recipe>)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # key=value overrides may follow the options
     out = (args.out or ROOT / "results" / args.recipe).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     n_tags = len(validation_tags(args.recipe, args.overrides))
