@@ -117,10 +117,10 @@ class ContextManager:
     def for_envs(cls, tokenizer, config: AgentProxyConfig, envs: dict, eos_ids: list[int],
                  max_model_len: int = 1 << 30) -> "ContextManager":
         """The context manager for environments by tag, with each one's instructions, format example and moves."""
+        choices = {tag: getattr(env, "action_choices", "") for tag, env in envs.items()}  # an optional attribute
         return cls(tokenizer, config, instructions={tag: env.instructions for tag, env in envs.items()},
                    example_actions={tag: env.example_action for tag, env in envs.items()}, eos_ids=eos_ids,
-                   max_model_len=max_model_len, action_choices={tag: env.action_choices for tag, env in envs.items()
-                                                                if getattr(env, "action_choices", "")})
+                   max_model_len=max_model_len, action_choices={tag: text for tag, text in choices.items() if text})
 
     # ---- prompts -------------------------------------------------------------------------------------
     def start(self, tag: str, obs: str, actions_left: int) -> Trajectory:

@@ -154,7 +154,7 @@ class FrozenLakeEnv(gymnasium.Env):
     metadata = {"render_modes": ["ansi", "rgb_array"]}
     instructions: str = INSTRUCTIONS + SLIPPERY_NOTE
     example_action: str = "Right"
-    action_choices: str = "Left, Down, Right or Up"  # repeated in every state message (optional attribute)
+    action_choices: str = f"{', '.join(ACTION_WORDS[:-1])} or {ACTION_WORDS[-1]}"  # listed in every state message
 
     def __init__(self, config: FrozenLakeConfig, render_mode: str = "ansi") -> None:
         if render_mode not in self.metadata["render_modes"]:

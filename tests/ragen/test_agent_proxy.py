@@ -27,9 +27,8 @@ def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, spli
     config = AgentProxyConfig(max_turn=max_turn, max_actions_per_turn=1)
     env_manager = EnvStateManager(EnvGroupsConfig(env_groups=2, group_size=2, env_configs=EnvMixConfig([tag], [2])),
                                   {tag: env}, seed=0)
-    envs = env_manager.env_per_tag()
-    context = ContextManager(tokenizer, config, {tag: envs[tag].instructions}, {tag: envs[tag].example_action},
-                             [tokenizer.eos_token_id], max_model_len=max_model_len)
+    context = ContextManager.for_envs(tokenizer, config, env_manager.env_per_tag(), [tokenizer.eos_token_id],
+                                      max_model_len=max_model_len)
     policy = ScriptedPolicy(tokenizer, reply)
     sampling = SamplingParams(max_new_tokens=response_length)
     return AgentProxy(config, sampling, -0.1, 0, policy, env_manager, context, split), policy
