@@ -104,6 +104,7 @@ def check_memory(cfg: RagenConfig, ranks: int, use_critic: bool, use_reference: 
         critic=use_critic, rollout_bytes=2 if rollout.dtype != "float32" else 4,
         micro_batch=max(actor.ppo_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size_per_gpu),
         tokens=min(tokens, rollout.max_model_len or tokens),
+        generated_tokens=cfg.agent_proxy.max_turn * rollout.response_length,
         checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing)
     total = sum(parts.values())
     available = memory.available_per_rank(ranks // cfg.trainer.nnodes)

@@ -22,7 +22,7 @@ def test_parameter_counts_match_the_loaded_models(tiny_model_path):
 def test_sharding_divides_the_model_states_but_not_the_rollout_copy():
     shape = memory.ModelShape(params=10**9, hidden=1024, layers=24, vocab=50000)
     kwargs = dict(trainable_fraction=1.0, reference=True, critic=True, rollout_bytes=2, micro_batch=1, tokens=1000,
-                  checkpointing=False)
+                  generated_tokens=200, checkpointing=False)
     one = memory.estimate_per_rank(shape, world_size=4, sharded=False, **kwargs)
     four = memory.estimate_per_rank(shape, world_size=4, sharded=True, **kwargs)
     assert one["actor weights + optimizer"] == pytest.approx(16e9 / memory.GIB)
@@ -30,6 +30,8 @@ def test_sharding_divides_the_model_states_but_not_the_rollout_copy():
     assert four["rollout copy"] == one["rollout copy"] == pytest.approx(2e9 / memory.GIB)
     checkpointed = memory.estimate_per_rank(shape, world_size=4, sharded=True, **{**kwargs, "checkpointing": True})
     assert checkpointed["activations of one micro-batch"] < four["activations of one micro-batch"]
+    longer_replies = memory.estimate_per_rank(shape, world_size=4, sharded=True, **{**kwargs, "generated_tokens": 400})
+    assert longer_replies["activations of one micro-batch"] > four["activations of one micro-batch"]
 
 
 def test_a_run_that_cannot_fit_stops_with_the_remedies(tiny_model_path, capsys):

@@ -332,7 +332,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position: (B, T, V) -> (B, T)."""
+    """Entropy of the categorical distribution at each position: (..., V) -> (...)."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
 

@@ -5,9 +5,9 @@ The count is deliberately simple (bytes per parameter, plus the largest activati
   parameter, 4 per frozen one; sharded over the ranks when the workers shard (FSDP);
 - the rollout engine's copy of the policy in its dtype, whole on every rank;
 - the reference policy (fp32, frozen), unless LoRA provides it by switching the adapter off;
-- activations of one micro-batch: the fp32 logits and their softmax over the vocabulary (3 copies), and
-  per layer ~34 bytes per hidden unit and token in bf16 (Korthikanti et al., 2022), or ~2 with
-  gradient checkpointing.
+- activations of one micro-batch: the fp32 logits and their softmax over the vocabulary (3 copies) at the
+  generated tokens only (the actor computes no other logits), and per layer ~34 bytes per hidden unit and
+  token in bf16 (Korthikanti et al., 2022), or ~2 with gradient checkpointing.
 It is an estimate, printed with its parts; the tokens per trajectory are an upper guess from the config.
 """
 
@@ -53,13 +53,13 @@ def lora_params(path: str, rank: int, target_modules) -> int:
 
 def estimate_per_rank(shape: ModelShape, *, world_size: int, sharded: bool, trainable_fraction: float,
                       reference: bool, critic: bool, rollout_bytes: int, micro_batch: int, tokens: int,
-                      checkpointing: bool) -> dict[str, float]:
-    """GiB per rank, by part."""
+                      generated_tokens: int, checkpointing: bool) -> dict[str, float]:
+    """GiB per rank, by part. `tokens` per trajectory, `generated_tokens` of them by the policy."""
     share = 1 / world_size if sharded else 1.0
     trainable = shape.params * trainable_fraction
     trained = (4 * shape.params + 12 * trainable) * share
     activation_per_layer = (2 if checkpointing else 34) * micro_batch * tokens * shape.hidden
-    activations = 3 * 4 * micro_batch * tokens * shape.vocab + shape.layers * activation_per_layer
+    activations = 3 * 4 * micro_batch * generated_tokens * shape.vocab + shape.layers * activation_per_layer
     parts = {"actor weights + optimizer": trained, "rollout copy": rollout_bytes * shape.params,
              "reference": 4 * shape.params * share if reference else 0.0,
              "critic weights + optimizer": 16 * shape.params * share if critic else 0.0,

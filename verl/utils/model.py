@@ -171,6 +171,25 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def last_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
+    """The decoder's final hidden states (B, T, H), after its last norm, for `model(**inputs)`.
+
+    The LM head is left to the caller, to apply (`model.get_output_embeddings()`) at the positions it
+    needs: over SmolLM2's 49k-token vocabulary, logits at every position cost the actor more than the
+    transformer blocks (the full-vocabulary log-softmax and its backward). The forward still goes through
+    the whole model, which computes the logits of the last position only: FSDP gathers the root's weights
+    (embeddings, final norm, head) in the root's forward, and keeps them gathered for the backward.
+    """
+    captured = []
+    hook = model.get_decoder().register_forward_hook(
+        lambda module, args, output: captured.append(output.last_hidden_state))
+    try:
+        model(**inputs, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return captured[0]
+
+
 def load_value_model(path: str, attn_implementation: str = "sdpa"):
     """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
 

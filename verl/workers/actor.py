@@ -25,9 +25,9 @@ from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import (attention_implementation, enable_activation_checkpointing, load_causal_lm, load_tokenizer,
-                              read_weights, untied)
-from verl.workers.ppo_update import make_optimizer, ppo_update
+from verl.utils.model import (attention_implementation, enable_activation_checkpointing, last_hidden_states,
+                              load_causal_lm, load_tokenizer, read_weights, untied)
+from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
 
@@ -145,11 +145,10 @@ class ActorRolloutRefWorker(Worker):
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, data: DataProto) -> torch.Tensor:
         model.eval()
-        micro_size = self.config.rollout.log_prob_micro_batch_size_per_gpu
         temperature = self.config.rollout.temperature
-        log_probs = torch.cat([token_log_probs(model, micro.to(self.device).batch, with_entropy=False,
-                                               temperature=temperature)[0]
-                               for micro in data.split(micro_size)]).cpu()
+        log_probs = score_micro_batches(
+            data, self.config.rollout.log_prob_micro_batch_size_per_gpu, self.device,
+            lambda micro: token_log_probs(model, micro, with_entropy=False, temperature=temperature)[0])
         model.reshard()  # no backward follows: free the root's gathered weights
         return log_probs
 
@@ -173,15 +172,21 @@ def load_policy(model_config: ModelConfig, device: torch.device, *, lora_rank: i
 
 def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, with_entropy: bool,
                     temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token log-probs (B, T) aligned with input_ids, and the policy entropy (B, T) if asked, of the
-    distribution softmax(logits / temperature): column t is about token t given the tokens before it;
-    column 0, which nothing predicts, is 0. Used by the PPO update and the scoring passes (at the rollout
-    temperature) and the SFT loss (ragen/sft/trainer.py, at 1)."""
+    """Log-probs (B, T) of the tokens marked in `loss_mask`, aligned with input_ids, and the policy entropy
+    (B, T) at them if asked, under softmax(logits / temperature): column t is about token t given the
+    tokens before it. Every other column (prompts, padding, column 0, which nothing predicts) is 0.
+
+    Logits are computed only at the positions that predict a marked token: in a multi-turn batch most
+    tokens are prompts and observations, and the full-vocabulary logits cost more than the model's blocks.
+    Used by the PPO update and the scoring passes (at the rollout temperature) and the SFT loss
+    (ragen/sft/trainer.py, at 1)."""
     input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"]).logits  # (B, T, V)
-    logits = logits[:, :-1].float() / temperature  # (B, T-1, V): position t predicts token t+1
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    log_probs = torch.nn.functional.pad(log_probs, (1, 0))  # (B, T): token 0 has no prediction
-    entropy = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
-    return log_probs, entropy
+    hidden = last_hidden_states(model, input_ids=input_ids, attention_mask=batch["attention_mask"],
+                                position_ids=batch["position_ids"])  # (B, T, H)
+    scored = torch.nn.functional.pad(batch["loss_mask"][:, 1:].bool(), (1, 0))  # (B, T): token 0 has no prediction
+    predicting = scored[:, 1:]  # (B, T-1): position t predicts token t+1
+    logits = model.get_output_embeddings()(hidden[:, :-1][predicting]).float() / temperature  # (N, V)
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[scored][:, None]).squeeze(-1)  # (N,)
+    zeros = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
+    entropy = zeros.masked_scatter(scored, entropy_from_logits(logits)) if with_entropy else None
+    return zeros.masked_scatter(scored, log_probs), entropy

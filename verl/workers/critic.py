@@ -13,7 +13,7 @@ from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
 from verl.utils.model import attention_implementation, enable_activation_checkpointing, load_value_model, read_weights
-from verl.workers.ppo_update import make_optimizer, ppo_update
+from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 
 
 class CriticWorker(Worker):
@@ -35,10 +35,9 @@ class CriticWorker(Worker):
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:
         self.model.eval()
-        values = [self._forward(micro.to(self.device).batch)
-                  for micro in data.split(self.config.forward_micro_batch_size_per_gpu)]
+        values = score_micro_batches(data, self.config.forward_micro_batch_size_per_gpu, self.device, self._forward)
         self.model.reshard()  # no backward follows: free the root's gathered weights
-        return DataProto(batch={"values": torch.cat(values).cpu()})
+        return DataProto(batch={"values": values})
 
     @register(DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:

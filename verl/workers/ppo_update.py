@@ -1,4 +1,10 @@
-"""The update loop shared by the actor, the critic and the SFT trainer: epochs, mini-batches, micro-batches.
+"""The update loop shared by the actor, the critic and the SFT trainer: epochs, mini-batches, micro-batches;
+and the micro-batching of the scoring passes (old, reference log-probs; values).
+
+Micro-batches are cut from rows of similar length, and each drops the padding columns none of its rows
+needs: a padded token costs as much compute as a real one, and multi-turn trajectories differ in length
+by hundreds of tokens. The rows of a mini-batch are one optimizer step whatever their order, so sorting
+them changes nothing but the floating-point summation order.
 
 A mini-batch is one optimizer step. Its loss is aggregated over the whole mini-batch on every rank
 together (`loss_agg_mode` decides the units: tokens or sequences): each micro-batch's summed loss is divided
@@ -9,6 +15,7 @@ So the update does not depend on the micro-batch size or the number of ranks, on
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -31,7 +38,7 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
     for _ in range(epochs):
         for mini in progress(data.split(mini_batch_size), desc=f"{prefix} mini-batches", leave=False):
             optimizer.zero_grad()
-            micros = [micro.to(device) for micro in mini.split(micro_batch_size)]
+            micros = [micro.to(device) for micro in micro_batches(mini, micro_batch_size)]
             units = sum(LOSS_AGG_MODES[loss_agg_mode](m.batch[mask_key], m.batch[mask_key])[1] for m in micros)
             dist.all_reduce(units)  # the mini-batch's units on all ranks together
             for micro in micros:
@@ -42,6 +49,39 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
             history.setdefault(f"{prefix}/grad_norm", []).append(optimizer_step(model, optimizer, grad_clip))
     history[f"{prefix}/lr"] = [optimizer.param_groups[0]["lr"]]
     return {k: sum(v) / len(v) for k, v in history.items()}
+
+
+def micro_batches(data: DataProto, size: int) -> list[DataProto]:
+    """All rows of `data` in micro-batches of at most `size`, longest rows first, each cut to its longest row."""
+    return [without_padding(data[index]) for index in _length_sorted_chunks(data, size)]
+
+
+@torch.no_grad()
+def score_micro_batches(data: DataProto, size: int, device: torch.device,
+                        score: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+    """`score` (a micro-batch's tensors -> a per-token (b, t) tensor) over all of `data` in length-sorted,
+    padding-cut micro-batches; returns (B, T) in `data`'s row order, 0 on the columns cut off."""
+    input_ids = data.batch["input_ids"]
+    scores = torch.zeros(input_ids.shape, dtype=torch.float32)
+    for index in _length_sorted_chunks(data, size):
+        micro = score(without_padding(data[index]).to(device).batch)
+        scores[torch.as_tensor(index), :micro.shape[1]] = micro.float().cpu()
+    return scores
+
+
+def without_padding(data: DataProto) -> DataProto:
+    """`data` with the trailing columns that no row attends to cut from every per-token tensor (rows are
+    right-padded)."""
+    mask = data.batch["attention_mask"]
+    length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 1
+    return DataProto(batch={k: v[:, :length] if v.shape[:2] == mask.shape else v for k, v in data.batch.items()},
+                     non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+
+
+def _length_sorted_chunks(data: DataProto, size: int) -> list[np.ndarray]:
+    lengths = data.batch["attention_mask"].sum(dim=1).numpy()
+    order = np.argsort(-lengths, kind="stable")
+    return [order[i:i + size] for i in range(0, len(order), size)]
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:

@@ -189,13 +189,18 @@ def test_log_probs_are_aligned_with_input_ids(tiny_model_path, tokenizer):
     assert log_probs.shape == batch.batch["input_ids"].shape
     assert torch.equal(log_probs[:, 0], torch.zeros(len(batch)))  # token 0 has no prediction
 
+    scored = batch.batch["loss_mask"].bool()
+    assert torch.equal(log_probs[~scored], torch.zeros((~scored).sum()))  # only the generated tokens are scored
+    assert (log_probs[scored] < 0).all()
+
     i, n = 1, LENGTHS[1]  # a padded sequence, scored by hand without its padding
     ids = batch.batch["input_ids"][i, :n]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
         log_p = model(input_ids=ids[None]).logits[0].log_softmax(-1)  # (n, V)
     expected = log_p[torch.arange(n - 1), ids[1:]]  # log pi(token t | tokens < t), t = 1..n-1
-    torch.testing.assert_close(log_probs[i, 1:n], expected, rtol=0, atol=1e-5)
+    generated = scored[i, 1:n]
+    torch.testing.assert_close(log_probs[i, 1:n][generated], expected[generated], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
@@ -213,8 +218,11 @@ def test_log_probs_are_those_of_the_sampling_distribution(tiny_model_path, token
     scores = torch.stack(out.scores, dim=1).log_softmax(-1)  # (B, 8, V) of the sampling distribution
     sampling_log_probs = scores.gather(-1, sampled[..., None]).squeeze(-1)
     sequences = out.sequences
+    loss_mask = torch.zeros(sequences.shape)
+    loss_mask[:, prompt.shape[1]:] = 1
     batch = DataProto(batch={"input_ids": sequences, "attention_mask": torch.ones_like(sequences),
-                             "position_ids": torch.arange(sequences.shape[1]).expand_as(sequences)})
+                             "position_ids": torch.arange(sequences.shape[1]).expand_as(sequences),
+                             "loss_mask": loss_mask})
     actor_log_probs = group.compute_log_prob(batch).batch["old_log_probs"][:, prompt.shape[1]:]
     torch.testing.assert_close(actor_log_probs, sampling_log_probs, atol=1e-4, rtol=0)
     # the same tokens scored at T = 1 are a different distribution (what the actor used to compute)

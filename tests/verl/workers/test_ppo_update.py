@@ -1,14 +1,16 @@
-"""The LR schedules, and gradient checkpointing changing memory, not the update."""
+"""The LR schedules, length-sorted micro-batches without padding, and gradient checkpointing changing memory,
+not the update."""
 
 import math
 
 import pytest
+import torch
 
 from tests.verl.workers.test_actor_critic import actor_config, grads, leave_stale_gradients, make_batch
 from verl.single_controller import LocalWorkerGroup
 from verl.trainer.config import OptimConfig
 from verl.workers.actor import ActorRolloutRefWorker
-from verl.workers.ppo_update import lr_factor
+from verl.workers.ppo_update import lr_factor, micro_batches, score_micro_batches
 
 
 def test_warm_up_then_constant_or_cosine():
@@ -36,3 +38,26 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, tokeniz
     plain, checkpointed = grads(groups[0]), grads(groups[1])
     for key in plain:
         assert (checkpointed[key] - plain[key]).abs().max() <= 1e-5 * plain[key].abs().max() + 1e-9, key
+
+
+def test_micro_batches_take_every_row_once_longest_first_without_padding(tokenizer):
+    batch = make_batch(tokenizer)  # four right-padded rows of lengths 12, 7, 10, 5
+    lengths = batch.batch["attention_mask"].sum(dim=1)
+    micros = micro_batches(batch, 3)
+    assert [len(m) for m in micros] == [3, 1]
+    assert [m.batch["input_ids"].shape[1] for m in micros] == [12, 5]  # each cut to its longest row
+    rows = [tuple(row[row != tokenizer.pad_token_id].tolist()) for m in micros for row in m.batch["input_ids"]]
+    expected = [tuple(batch.batch["input_ids"][i, :n].tolist()) for i, n in
+                sorted(enumerate(lengths.tolist()), key=lambda item: -item[1])]
+    assert rows == expected
+    for m in micros:  # every per-token tensor is cut alike, nothing a row attends to is lost
+        assert {v.shape[1] for v in m.batch.values()} == {m.batch["input_ids"].shape[1]}
+    assert sum(m.batch["loss_mask"].sum() for m in micros) == batch.batch["loss_mask"].sum()
+
+
+def test_scores_come_back_in_the_batch_order_and_zero_on_the_columns_cut(tokenizer):
+    batch = make_batch(tokenizer)  # micro-batches of 3: rows 0, 2, 1 (12 columns), then row 3 alone (5)
+    scores = score_micro_batches(batch, 3, torch.device("cpu"), lambda micro: micro["input_ids"].float() + 1)
+    mask = batch.batch["attention_mask"].bool()
+    assert torch.equal(scores[mask], batch.batch["input_ids"][mask].float() + 1)
+    assert torch.equal(scores[3, 5:], torch.zeros(7))
