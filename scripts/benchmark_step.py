@@ -1,10 +1,13 @@
 """Throughput of the parts of a step on this machine: rollout generation, the actor update, the critic.
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
+                                     [--seq-len 600] [--generated-tokens 100]
 
 Generation uses the HF rollout engine (bf16, KV cache, left-padded batch, EOS ignored, so every row
 generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on
-sequences of --seq-len tokens under bf16 autocast with fp32 master weights, as ActorRolloutRefWorker does.
+sequences of --seq-len tokens under bf16 autocast with fp32 master weights, as ActorRolloutRefWorker does;
+the last --generated-tokens of each are the policy's (loss_mask), the rest prompt and observations (a
+FrozenLake trajectory: ~110 generated of ~680). The actor computes logits only at generated tokens.
 The critic (the same backbone with a value head) is timed the same way: values, then one update.
 """
 
@@ -28,6 +31,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=300)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=600)
+    parser.add_argument("--generated-tokens", type=int, default=100)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=2)
     args = parser.parse_args()
@@ -52,11 +56,13 @@ def main() -> None:
               f"{tokens / seconds:7.1f} tokens/s ({seconds:.1f} s)")
 
     n, t = args.train_batch, args.seq_len
+    loss_mask = torch.zeros(n, t)
+    loss_mask[:, -args.generated_tokens:] = 1
     data = DataProto(batch={
         "input_ids": torch.randint(100, vocab, (n, t)), "attention_mask": torch.ones(n, t, dtype=torch.long),
-        "position_ids": torch.arange(t).repeat(n, 1), "loss_mask": torch.ones(n, t),
+        "position_ids": torch.arange(t).repeat(n, 1), "loss_mask": loss_mask,
         "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t),
-        "adv_mask": torch.ones(n, t), "returns": torch.randn(n, t)})
+        "adv_mask": loss_mask, "returns": torch.randn(n, t)})
     data = data.union(timed_tokens("old log-probs", n * t, lambda: worker.compute_log_prob(data)))
     timed_tokens(f"update (fwd+bwd+step, micro-batch {args.micro_batch})", n * t, lambda: worker.update_actor(data))
 
