@@ -215,7 +215,7 @@ class SFTTrainer(Worker):
         log_probs, _ = token_log_probs(self.model, batch, with_entropy=False, temperature=1.0)
         mask = batch["loss_mask"]
         nll = -(log_probs * mask).sum()
-        return nll, {"loss": (nll / mask.sum().clamp(min=1)).item()}
+        return nll, {}  # ppo_update logs the mini-batch's mean as sft/loss
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

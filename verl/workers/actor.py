@@ -6,8 +6,9 @@ weights, forward passes in `model.dtype` (bf16); the rollout engine keeps its ow
 rollout dtype and is re-synced after every update.
 
 Batches are right-padded token sequences (B, T) with `loss_mask` on the generated tokens; per-token
-tensors are aligned with `input_ids`, so `log_probs[:, t]` is log pi(token_t | tokens_<t) and column 0,
-which no token predicts, is zero.
+tensors are aligned with `input_ids`, so `log_probs[:, t]` is log pi(token_t | tokens_<t) where
+`loss_mask[:, t]` is set, and zero elsewhere: the actor computes logits only where a generated token is
+scored (token_log_probs).
 
 The policy is the distribution the rollout samples from: softmax(logits / rollout.temperature). Every
 log-prob of a sampled token (old, new, reference) and the entropy are computed at that temperature, as

@@ -32,7 +32,9 @@ MicroLoss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, fl
 def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: DataProto, micro_loss: MicroLoss, *,
                mini_batch_size: int, micro_batch_size: int, epochs: int, grad_clip: float, mask_key: str,
                loss_agg_mode: str, device: torch.device, prefix: str) -> dict[str, float]:
-    """`mini_batch_size` is per rank. Returns the metrics averaged over micro-batches, plus the gradient norm."""
+    """`mini_batch_size` is per rank. Returns the micro-batches' metrics averaged over them, and per mini-batch
+    (averaged over mini-batches) the gradient norm and `loss`: the loss the gradient is of, the same for any
+    micro-batch size or number of ranks (a micro-batch's own metrics depend on which rows it holds)."""
     model.train()
     history: dict[str, list[float]] = {}
     for _ in range(epochs):
@@ -41,11 +43,16 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
             micros = [micro.to(device) for micro in micro_batches(mini, micro_batch_size)]
             units = sum(LOSS_AGG_MODES[loss_agg_mode](m.batch[mask_key], m.batch[mask_key])[1] for m in micros)
             dist.all_reduce(units)  # the mini-batch's units on all ranks together
+            loss = torch.zeros((), dtype=torch.float64)
             for micro in micros:
                 loss_sum, metrics = micro_loss(micro.batch)
-                (loss_sum / units.clamp(min=1)).backward()
+                micro_share = loss_sum / units.clamp(min=1)
+                micro_share.backward()
+                loss += micro_share.detach().cpu()
                 for k, v in metrics.items():
                     history.setdefault(f"{prefix}/{k}", []).append(v)
+            dist.all_reduce(loss)  # the loss of the whole mini-batch, which its gradient is of
+            history.setdefault(f"{prefix}/loss", []).append(loss.item())
             history.setdefault(f"{prefix}/grad_norm", []).append(optimizer_step(model, optimizer, grad_clip))
     history[f"{prefix}/lr"] = [optimizer.param_groups[0]["lr"]]
     return {k: sum(v) / len(v) for k, v in history.items()}
