@@ -43,12 +43,12 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
             micros = [micro.to(device) for micro in micro_batches(mini, micro_batch_size)]
             units = sum(LOSS_AGG_MODES[loss_agg_mode](m.batch[mask_key], m.batch[mask_key])[1] for m in micros)
             dist.all_reduce(units)  # the mini-batch's units on all ranks together
-            loss = torch.zeros((), dtype=torch.float64)
+            loss = torch.zeros((), dtype=torch.float64, device=device)  # on the device: NCCL reduces GPU tensors
             for micro in micros:
                 loss_sum, metrics = micro_loss(micro.batch)
                 micro_share = loss_sum / units.clamp(min=1)
                 micro_share.backward()
-                loss += micro_share.detach().cpu()
+                loss += micro_share.detach()
                 for k, v in metrics.items():
                     history.setdefault(f"{prefix}/{k}", []).append(v)
             dist.all_reduce(loss)  # the loss of the whole mini-batch, which its gradient is of

@@ -158,6 +158,7 @@ def test_actor_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, t
     assert_same_tensors(hand_policy_gradient(initial_model, batch, mode, entropy_coeff=0.01), grads(four),
                         rel=1e-5)
     assert metrics_one["actor/grad_norm"] == pytest.approx(metrics_four["actor/grad_norm"], rel=1e-5)
+    assert metrics_one["actor/loss"] == pytest.approx(metrics_four["actor/loss"], rel=1e-5)
     assert_same_update(before, params(one), params(four))
     rollout_weights = four.worker.rollout.model.state_dict()  # fp32 here, so an exact copy
     assert all(torch.equal(rollout_weights[k], v) for k, v in full_state_dict(four.worker.model).items()), \
@@ -178,6 +179,7 @@ def test_critic_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, 
     assert_same_tensors(grads(four), grads(one), rel=1e-5)
     assert_same_tensors(hand_value_gradient(initial_model, batch), grads(four), rel=1e-5)
     assert metrics_one["critic/grad_norm"] == pytest.approx(metrics_four["critic/grad_norm"], rel=1e-5)
+    assert metrics_one["critic/loss"] == pytest.approx(metrics_four["critic/loss"], rel=1e-5)
     assert_same_update(before, params(one), params(four))
 
 
