@@ -184,8 +184,8 @@ def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, w
     input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
     hidden = last_hidden_states(model, input_ids=input_ids, attention_mask=batch["attention_mask"],
                                 position_ids=batch["position_ids"])  # (B, T, H)
-    scored = torch.nn.functional.pad(batch["loss_mask"][:, 1:].bool(), (1, 0))  # (B, T): token 0 has no prediction
-    predicting = scored[:, 1:]  # (B, T-1): position t predicts token t+1
+    predicting = batch["loss_mask"][:, 1:].bool()  # (B, T-1): position t predicts token t+1
+    scored = torch.nn.functional.pad(predicting, (1, 0))  # (B, T): token 0 has no prediction
     logits = model.get_output_embeddings()(hidden[:, :-1][predicting]).float() / temperature  # (N, V)
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[scored][:, None]).squeeze(-1)  # (N,)
     zeros = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)

@@ -77,10 +77,9 @@ def score_micro_batches(data: DataProto, size: int, device: torch.device,
 
 
 def without_padding(data: DataProto) -> DataProto:
-    """`data` with the trailing columns that no row attends to cut from every per-token tensor (rows are
-    right-padded)."""
+    """`data` with every per-token tensor cut to its longest row (rows are right-padded)."""
     mask = data.batch["attention_mask"]
-    length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 1
+    length = max(1, int(mask.sum(dim=1).max()))
     return DataProto(batch={k: v[:, :length] if v.shape[:2] == mask.shape else v for k, v in data.batch.items()},
                      non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
 
