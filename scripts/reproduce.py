@@ -14,8 +14,10 @@ Writes to `--out` (default `results/<recipe>`):
 - `signals.png`: the echo-trap signals of each seed against the step (policy entropy, reward std over the
   batch and within groups, 4-gram repetition of the replies); results.md gives their early and late means.
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). A seed whose run already
-finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again, so an
-interrupted reproduction, or one with more seeds, continues where it stopped.
+finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
+that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint
+(written every `--save-freq` steps, only the newest kept) and replays exactly what an uninterrupted run does,
+so a reproduction longer than one sitting can be run in pieces. A different command starts the seed anew.
 """
 
 import argparse
@@ -38,27 +40,39 @@ SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "rewa
 def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides: list[str]) -> list[str]:
     return ["bash", str(ROOT / "train.sh"), recipe, f"trainer.seed={seed}", f"trainer.val_seed={val_seed}",
             f"trainer.experiment_name={recipe}_seed{seed}", f"trainer.default_local_dir={run_dir}",
-            "trainer.resume_mode=disable", "trainer.val_before_train=true", "trainer.save_freq=-1",
-            f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
+            "trainer.val_before_train=true", f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
 
 
 def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> float:
     """One training run; returns its wall time in seconds (also written to `run_dir/reproduce.json`)."""
     command = run_command(recipe, seed, run_dir, args.val_seed, overrides)
-    done = run_dir / "reproduce.json"
+    done, started = run_dir / "reproduce.json", run_dir / "command.json"
     if done.is_file() and json.loads(done.read_text())["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
         return json.loads(done.read_text())["wall_time_s"]
-    shutil.rmtree(run_dir, ignore_errors=True)  # a killed or different run: start it anew
+    # The wall time of earlier sittings of this run is kept in command.json and added up.
+    earlier = json.loads(started.read_text()) if started.is_file() else {}
+    if earlier.get("command") == command and not done.is_file():
+        print(f"[reproduce] seed {seed}: resuming the interrupted run in {run_dir}", flush=True)
+    else:  # a different command, or none yet: start anew
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        earlier = {"command": command, "wall_time_s": 0.0}
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
-    with open(run_dir.parent / f"seed_{seed}.log", "w") as log:
-        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    if result.returncode != 0:
-        sys.exit(f"[reproduce] the run with seed {seed} failed (exit {result.returncode}): see {log.name}")
+    with open(run_dir.parent / f"seed_{seed}.log", "a") as log:
+        process = subprocess.Popen(command + [f"trainer.save_freq={args.save_freq}", "trainer.max_actor_ckpt_to_keep=1"],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            returncode = process.wait()
+        finally:  # interrupted or not, the time spent counts towards this run
+            started.write_text(json.dumps(earlier | {"wall_time_s": earlier["wall_time_s"] + time.time() - start}))
+    if returncode != 0:
+        sys.exit(f"[reproduce] the run with seed {seed} failed (exit {returncode}): see {log.name}; the same "
+                 "command resumes it from its newest checkpoint")
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
-    wall = time.time() - start
+    wall = json.loads(started.read_text())["wall_time_s"]
     done.write_text(json.dumps({"wall_time_s": wall, "command": command}))
     return wall
 
@@ -179,6 +193,8 @@ def main() -> None:
     parser.add_argument("--val-seed", type=int, default=5_000_000, help="first validation start state (seed)")
     parser.add_argument("--val-groups", type=int, default=64, help="validation start states per validation tag")
     parser.add_argument("--out", type=Path, help="output folder (default results/<recipe>)")
+    parser.add_argument("--save-freq", type=int, default=1,
+                        help="checkpoint every this many steps, so an interrupted run resumes (only the newest kept)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
     out = (args.out or ROOT / "results" / args.recipe).resolve()

@@ -2,7 +2,11 @@
 
 import argparse
 import importlib.util
+import json
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).parents[1]
 spec = importlib.util.spec_from_file_location("reproduce", REPO / "scripts" / "reproduce.py")
@@ -43,3 +47,30 @@ def test_summary_table_signals_and_figures(tmp_path):
     reproduce.plot(runs, tmp_path / "curve.png", "bandit")
     reproduce.plot_signals(runs, tmp_path / "signals.png", "bandit")
     assert (tmp_path / "curve.png").stat().st_size > 0 and (tmp_path / "signals.png").stat().st_size > 0
+
+
+def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, monkeypatch, capsys):
+    # A stand-in for train.sh: the first sitting dies after writing a "checkpoint"; a later one finds it and ends.
+    script = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_1'\n"
+              "sys.exit(0) if ckpt.exists() else (ckpt.mkdir(), sys.exit(1))")
+    monkeypatch.setattr(reproduce, "run_command",
+                        lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", script, str(run_dir),
+                                                                             *overrides])
+    args = argparse.Namespace(val_seed=5_000_000, save_freq=1)
+    run_dir = tmp_path / "runs" / "seed_1"
+
+    with pytest.raises(SystemExit, match="resumes it"):
+        reproduce.train("bandit", 1, run_dir, args, ["a=1"])
+    assert (run_dir / "global_step_1").is_dir() and not (run_dir / "reproduce.json").exists()
+
+    wall = reproduce.train("bandit", 1, run_dir, args, ["a=1"])  # same command: continues, keeps the checkpoint
+    assert "resuming the interrupted run" in capsys.readouterr().out
+    assert (run_dir / "reproduce.json").is_file() and not (run_dir / "global_step_1").exists()  # weights removed
+    assert wall == json.loads((run_dir / "reproduce.json").read_text())["wall_time_s"] > 0
+
+    assert reproduce.train("bandit", 1, run_dir, args, ["a=1"]) == wall  # finished: read back
+    assert "reusing the finished run" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit):  # another command: the old run is wiped, so the stand-in starts over
+        reproduce.train("bandit", 1, run_dir, args, ["a=2"])
+    assert not (run_dir / "reproduce.json").exists()
