@@ -95,8 +95,9 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     ("bi_level_gae", ["critic/vf_loss", "critic/returns_mean"], []),
 ])
 def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected, absent):
-    train("sokoban", tiny_model_path, tmp_path, f"algo={algo}", "trainer.total_training_steps=1",
-          "trainer.backend=local", "agent_proxy.max_turn=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
+    # mini-batches of 4: the variance filter of grpo, brpo and bi_level_gae keeps 4 of the recipe's 16 trajectories
+    train("sokoban", tiny_model_path, tmp_path, f"algo={algo}", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+          "trainer.total_training_steps=1", "trainer.backend=local", "agent_proxy.max_turn=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
     (metrics,) = read_metrics(tmp_path)
     assert all(key in metrics for key in expected) and not any(key in metrics for key in absent)
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
@@ -104,8 +105,10 @@ def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected,
 
 def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path):
     # the filter keeps 1 of 4 groups = one mini-batch of 4, split 2 + 2 over the ranks of actor and critic
-    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=2", "trainer.n_cpu_ranks_per_node=2",
-          "agent_proxy.max_turn=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
+    train("sokoban", tiny_model_path, tmp_path, "algo=starpo_s", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
+          "trainer.n_cpu_ranks_per_node=2", "agent_proxy.max_turn=2", "trainer.val_before_train=false",
+          "trainer.test_freq=-1")
     metrics = read_metrics(tmp_path)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["rollout/filter_kept_ratio"] == 0.25 and "critic/vf_loss" in m for m in metrics)
@@ -150,6 +153,7 @@ def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_pat
 def test_lora_run_then_eval_of_its_checkpoint(tiny_model_path, tmp_path):
     # KL loss to the reference = the same model with the adapter off; the merged export is what eval loads
     train("sokoban", tiny_model_path, tmp_path, "lora.rank=8", "lora.save_merged=true", "algo=starpo",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=4",
           "trainer.total_training_steps=1", "trainer.backend=local", "agent_proxy.max_turn=2",
           "trainer.val_before_train=false", "trainer.test_freq=-1", "actor_rollout_ref.actor.optim.lr=1e-3")
     (metrics,) = read_metrics(tmp_path)

@@ -10,9 +10,12 @@ ignored. It is parsed with `ast`, never `eval`: only non-negative integer litera
 + - * / and parentheses are accepted; "×", "÷" and the minus sign "−" are read as *, / and -. Unary minus,
 decimals, powers, floor division, names and calls are rejected. The left side is evaluated exactly with
 fractions. Rewards: 1.0 for an equation that uses every number exactly once and equals the target;
-`format_score` for one that uses exactly the given numbers but has another value or divides by zero; 0.0 for
-one with the wrong numbers. Any parseable answer ends the episode. Text that is not an expression at all is
-an invalid action: nothing changes and the agent may answer again.
+`format_score` for one that uses exactly the given numbers but has another value or divides by zero. Either
+ends the episode. An answer that is not an expression, or not one over exactly the given numbers (another
+number, one missing or used twice, the format example copied), breaks the rules: it is an invalid action,
+nothing changes, the agent may answer again, and the agent proxy charges `es_manager.format_penalty`. So
+copying the prompt's example never pays: when such answers ended the episode with reward 0, more than a
+malformed reply earns, the bundled model learned to copy the example (README, Results).
 """
 
 import ast
@@ -41,7 +44,6 @@ NUMBER_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+|/[0-9]+)?")  # the optional right-h
 MAX_ANSWER_LENGTH = 256  # longer answers are invalid actions, rejected before parsing
 
 CORRECT_REWARD = 1.0
-WRONG_NUMBERS_REWARD = 0.0
 TREES_PER_DRAW = 50  # random trees tried over one draw of numbers before drawing new numbers
 MAX_DRAWS = 200  # draws of numbers before generation gives up
 
@@ -298,27 +300,22 @@ class CountdownEnv(gymnasium.Env):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         expr = parse_equation(action)
-        if expr is None:
+        if expr is None or sorted(leaves(expr)) != sorted(self.numbers):
             return self.render(), 0.0, False, False, step_info(False, False, self.correct)
 
         equation = format_expression(expr)
-        self.correct = False
-        if sorted(leaves(expr)) != sorted(self.numbers):
-            reward = WRONG_NUMBERS_REWARD
-            self.verdict = f"Your answer {equation} does not use each number exactly once: incorrect."
+        reward = self.config.format_score
+        try:
+            value = evaluate(expr)
+        except ZeroDivisionError:
+            self.verdict = f"Your answer {equation} divides by zero: incorrect."
         else:
-            reward = self.config.format_score
-            try:
-                value = evaluate(expr)
-            except ZeroDivisionError:
-                self.verdict = f"Your answer {equation} divides by zero: incorrect."
+            self.correct = value == self.target
+            if self.correct:
+                reward = CORRECT_REWARD
+                self.verdict = f"Your answer {equation} = {self.target}: correct."
             else:
-                self.correct = value == self.target
-                if self.correct:
-                    reward = CORRECT_REWARD
-                    self.verdict = f"Your answer {equation} = {self.target}: correct."
-                else:
-                    self.verdict = f"Your answer {equation} = {_format_value(value)}, not {self.target}: incorrect."
+                self.verdict = f"Your answer {equation} = {_format_value(value)}, not {self.target}: incorrect."
         # A single answer ends the episode, so it never truncates.
         return self.render(), float(reward), True, False, step_info(True, True, self.correct)
 

@@ -323,6 +323,7 @@ class SokobanEnv(gymnasium.Env):
     # The class attribute describes the default symbols; an instance rewrites it for its configured ones.
     instructions: str = _instructions(LEGEND)
     example_action: str = "Left"
+    action_choices: str = f"{', '.join(list(ACTIONS)[:-1])} or {list(ACTIONS)[-1]}"  # listed in every state message
 
     def __init__(self, config: SokobanConfig, render_mode: str = "ansi") -> None:
         if render_mode not in self.metadata["render_modes"]:

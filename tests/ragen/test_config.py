@@ -20,11 +20,11 @@ def test_recipes_compose_and_validate(recipe, scale):
 @pytest.mark.parametrize("algo", ["starpo_s", "starpo", "grpo", "rloo", "brpo", "bi_level_gae"])
 @pytest.mark.parametrize("scale", ["cpu", "gpu"])
 def test_algorithm_recipes_compose_and_validate(algo, scale):
-    validate(load("sokoban", f"scale={scale}", f"algo={algo}"), world_size=1)
+    validate(load("base", f"scale={scale}", f"algo={algo}"), world_size=1)
 
 
 def test_defaults_are_the_starpo_s_recipe():
-    cfg = load("sokoban")
+    cfg = load("base")
     actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     assert (algo.adv_estimator, algo.gamma, algo.lam, algo.use_kl_in_reward) == ("gae", 1.0, 1.0, False)
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.use_kl_loss, actor.entropy_coeff) == (0.2, 0.28, False,
@@ -53,21 +53,21 @@ def test_validation_start_states_never_overlap_training_ones():
 
 
 def test_recipes_change_what_they_say():
-    starpo = load("sokoban", "algo=starpo")
+    starpo = load("base", "algo=starpo")
     assert starpo.actor_rollout_ref.actor.use_kl_loss and starpo.actor_rollout_ref.actor.kl_loss_coef == 0.001
     assert starpo.actor_rollout_ref.rollout.rollout_filter_ratio == 1.0
-    brpo = load("sokoban", "algo=brpo").agent_proxy.reward_normalization
+    brpo = load("base", "algo=brpo").agent_proxy.reward_normalization
     assert (brpo.grouping, brpo.method) == ("batch", "mean_std")
-    assert load("sokoban", "algo=bi_level_gae").agent_proxy.use_turn_scores
+    assert load("base", "algo=bi_level_gae").agent_proxy.use_turn_scores
 
 
 def test_gpu_scale_uses_ragen_sizes():
-    train = load("sokoban", "scale=gpu").es_manager.train
+    train = load("base", "scale=gpu").es_manager.train
     assert (train.env_groups, train.group_size) == (8, 16)
 
 
 def test_veRL_style_overrides_carry_over():
-    cfg = load("sokoban", "trainer.total_training_steps=3", "algorithm.adv_estimator=grpo",
+    cfg = load("base", "trainer.total_training_steps=3", "algorithm.adv_estimator=grpo",
                "actor_rollout_ref.actor.clip_ratio_high=0.3", "es_manager.train.group_size=8",
                "agent_proxy.max_turn=2", "model_path=/some/model")
     assert cfg.trainer.total_training_steps == 3 and cfg.actor_rollout_ref.actor.clip_ratio_high == 0.3
@@ -78,7 +78,7 @@ def test_veRL_style_overrides_carry_over():
                                       "trainer.total_training_steps=many"])
 def test_unknown_keys_and_wrong_types_fail_naming_the_key(override):
     with pytest.raises(ConfigCompositionException) as error:
-        load("sokoban", override)
+        load("base", override)
     assert override.split("=")[0].split(".")[-1] in str(error.value.__cause__ or error.value)
 
 
@@ -111,23 +111,23 @@ def test_unknown_keys_and_wrong_types_fail_naming_the_key(override):
     (["critic.ppo_mini_batch_size=8"], "critic.ppo_mini_batch_size"),
 ])
 def test_impossible_values_fail_at_startup_naming_the_key(overrides, key):
-    cfg = load("sokoban", "scale=cpu", *overrides)
+    cfg = load("base", "scale=cpu", *overrides)
     with pytest.raises(ConfigError, match=key):
         validate(cfg, world_size=1)
 
 
 def test_batch_must_split_over_ranks():
-    cfg = load("sokoban", "scale=cpu", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    cfg = load("base", "scale=cpu", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
     with pytest.raises(ConfigError, match="ranks"):
         validate(cfg, world_size=3)
 
 
 def test_a_mix_of_environments_per_batch():
-    cfg = load("sokoban", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake,Countdown]",
+    cfg = load("base", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake,Countdown]",
                "es_manager.train.env_configs.n_groups=[4,2,2]")
     validate(cfg, world_size=1)
     assert cfg.es_manager.val.env_configs.tags == ["SimpleSokoban", "FrozenLake", "Countdown"]
     assert cfg.es_manager.val.env_configs.groups_per_tag(cfg.es_manager.val.env_groups) == [22, 21, 21]
     with pytest.raises(ConfigError, match=r"n_groups = \[4, 3\] must be >= 1 each and sum to es_manager.train"):
-        validate(load("sokoban", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake]",
+        validate(load("base", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake]",
                       "es_manager.train.env_configs.n_groups=[4,3]"), world_size=1)

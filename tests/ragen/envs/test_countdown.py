@@ -132,22 +132,25 @@ def test_correct_equation_pays_one_and_ends_the_episode(numbers, target, answer)
         ("(2 + 3) * 4", 0.1, "Your answer (2 + 3) * 4 = 20, not 14: incorrect."),
         ("2 / 3 + 4", 0.1, "Your answer 2 / 3 + 4 = 14/3, not 14: incorrect."),
         ("2 - 3 * 4", 0.1, "Your answer 2 - 3 * 4 = -10, not 14: incorrect."),
-        ("2 / (4 - 4) + 3", 0.0, "Your answer 2 / (4 - 4) + 3 does not use each number exactly once: incorrect."),
-        ("4 / (3 - 3)", 0.0, "Your answer 4 / (3 - 3) does not use each number exactly once: incorrect."),
-        ("2 * 7", 0.0, "Your answer 2 * 7 does not use each number exactly once: incorrect."),  # right value
-        ("2 + 3 * 3", 0.0, "Your answer 2 + 3 * 3 does not use each number exactly once: incorrect."),  # reused
-        ("3 * 4", 0.0, "Your answer 3 * 4 does not use each number exactly once: incorrect."),  # one missing
-        ("2 + 3 * 4 + 0", 0.0, "Your answer 2 + 3 * 4 + 0 does not use each number exactly once: incorrect."),
-        ("14", 0.0, "Your answer 14 does not use each number exactly once: incorrect."),
     ],
 )
-def test_miss_and_wrong_numbers(answer, reward, verdict):
+def test_a_miss_pays_the_format_score_and_ends_the_episode(answer, reward, verdict):
     env, obs = puzzle_env([2, 3, 4], 14)
     next_obs, got, terminated, truncated, info = env.step(answer)
     assert got == reward and type(got) is float
     assert terminated is True and truncated is False
     assert info == {"action_is_valid": True, "action_is_effective": True, "success": False}
     assert next_obs == f"{obs}\n{verdict}"
+
+
+@pytest.mark.parametrize("answer", ["2 / (4 - 4) + 3", "4 / (3 - 3)", "2 * 7",  # right value, other numbers
+                                    "2 + 3 * 3", "3 * 4", "2 + 3 * 4 + 0", "14", "(1 + 2) * 3"])  # reused, missing,
+def test_an_equation_over_other_numbers_is_an_invalid_action(answer):  # extra, none, the prompt's example
+    env, obs = puzzle_env([2, 3, 4], 14)
+    next_obs, got, terminated, truncated, info = env.step(answer)
+    assert (next_obs, got, terminated, truncated) == (obs, 0.0, False, False)  # nothing changes: answer again
+    assert info == {"action_is_valid": False, "action_is_effective": False, "success": False}
+    assert env.step("2 + 3 * 4")[1] == 1.0
 
 
 def test_division_by_zero_over_the_right_numbers_pays_format_score():
@@ -161,8 +164,10 @@ def test_format_score_is_configurable_and_duplicates_count():
     env, _ = puzzle_env([3, 3, 4], 24, format_score=0.0)
     assert env.step("3 * 4 + 3")[1] == 0.0
     env, _ = puzzle_env([3, 3, 4], 24, format_score=0.5)
+    env, _ = puzzle_env([3, 3, 4], 24, format_score=0.5)
+    assert not env.step("3 * 4")[4]["action_is_valid"], "one 3 missing"
     assert env.step("3 * 4 + 3")[1] == 0.5, "both 3s used: a miss, not wrong numbers"
-    assert env.step("3 * 4")[1] == 0.0, "one 3 missing"
+    env, _ = puzzle_env([3, 3, 4], 24, format_score=0.5)
     assert env.step("(3 + 3) * 4")[1] == 1.0
 
 
@@ -176,13 +181,14 @@ def test_format_score_is_configurable_and_duplicates_count():
         ("2 / 3 + 4 = 14/3", 0.1),
         ("2 / 3 + 4 = 4.67", 0.1),
         ("2 - 3 * 4 = -10", 0.1),
-        ("2 * 7 = 14", 0.0),
     ],
 )
 def test_right_hand_side_is_accepted_and_ignored(answer, reward):
     env, _ = puzzle_env([2, 3, 4], 14)
     _, got, terminated, _, info = env.step(answer)
     assert got == reward and terminated and info["action_is_valid"]
+    env, _ = puzzle_env([2, 3, 4], 14)
+    assert not env.step("2 * 7 = 14")[4]["action_is_valid"]  # the right value over other numbers
 
 
 @pytest.mark.parametrize(
@@ -242,7 +248,7 @@ def test_answer_length_cap():
     env = CountdownEnv(CountdownConfig(num_numbers=6))
     env.reset(seed=0)
     obs, reward, terminated, _, info = env.step("1" + "+1" * 127)
-    assert info["action_is_valid"] and terminated and reward == 0.0
+    assert not info["action_is_valid"] and not terminated and reward == 0.0  # parsed, but not the puzzle's numbers
     assert obs in env.observation_space
     assert parse_equation("(" * 127 + "1" + ")" * 127) == 1
 
@@ -257,8 +263,8 @@ def test_longest_states_fit_the_observation_space():
     ]
     for answer in answers:
         env.reset(seed=0, options={"numbers": [99] * 6, "target": 100})
-        obs, _, terminated, _, _ = env.step(answer)
-        assert terminated and obs in env.observation_space
+        obs, *_ = env.step(answer)
+        assert obs in env.observation_space
     env.reset(seed=0, options={"numbers": [1, 2], "target": 3})
     assert env.observation_space.max_length < CountdownEnv(env.config).observation_space.max_length
     for seed in range(50):

@@ -6,7 +6,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from ragen.envs import sokoban
-from ragen.envs.sokoban import SokobanConfig, SokobanEnv, parse_room, solve, solve_env
+from ragen.envs.sokoban import ACTIONS, SokobanConfig, SokobanEnv, parse_room, solve, solve_env
 from ragen.envs.utils import TILE
 
 INFO_KEYS = {"action_is_valid", "action_is_effective", "success"}
@@ -383,3 +383,13 @@ def test_default_instructions_carry_the_default_legend_and_actions():
     assert "Actions: Up, Down, Left, Right." in env.instructions
     env.reset(seed=0)
     assert env.step(env.example_action)[4]["action_is_valid"]
+
+
+def test_every_listed_choice_is_a_valid_move():
+    # The state message lists the moves each turn (the untrained model names a move far more often with it)
+    env = SokobanEnv(SokobanConfig())
+    words = env.action_choices.replace(" or ", ", ").split(", ")
+    assert sorted(words) == sorted(ACTIONS)
+    for word in words:
+        env.reset(seed=0)
+        assert env.step(word)[4]["action_is_valid"]
