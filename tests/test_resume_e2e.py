@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from tests.test_train_e2e import read_metrics, train, train_command
 
-ARGS = ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.backend=local", "agent_proxy.max_turn=2",
+ARGS = ["algo=starpo_s", "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # a critic and the filter resume too
+        "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.backend=local", "agent_proxy.max_turn=2",
         "trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.ppo_epochs=4",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_scheduler=cosine"]
 
