@@ -52,7 +52,7 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
         return json.loads(done.read_text())["wall_time_s"]
     # The wall time of earlier sittings of this run is kept in command.json and added up.
     earlier = json.loads(started.read_text()) if started.is_file() else {}
-    if earlier.get("command") == command and not done.is_file():
+    if earlier.get("command") == command:
         print(f"[reproduce] seed {seed}: resuming the interrupted run in {run_dir}", flush=True)
     else:  # a different command, or none yet: start anew
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -61,18 +61,17 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
     with open(run_dir.parent / f"seed_{seed}.log", "a") as log:
-        process = subprocess.Popen(command + [f"trainer.save_freq={args.save_freq}", "trainer.max_actor_ckpt_to_keep=1"],
-                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        checkpoints = [f"trainer.save_freq={args.save_freq}", "trainer.max_actor_ckpt_to_keep=1"]
         try:
-            returncode = process.wait()
+            returncode = subprocess.run(command + checkpoints, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
         finally:  # interrupted or not, the time spent counts towards this run
-            started.write_text(json.dumps(earlier | {"wall_time_s": earlier["wall_time_s"] + time.time() - start}))
+            wall = earlier["wall_time_s"] + time.time() - start
+            started.write_text(json.dumps(earlier | {"wall_time_s": wall}))
     if returncode != 0:
         sys.exit(f"[reproduce] the run with seed {seed} failed (exit {returncode}): see {log.name}; the same "
                  "command resumes it from its newest checkpoint")
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
-    wall = json.loads(started.read_text())["wall_time_s"]
     done.write_text(json.dumps({"wall_time_s": wall, "command": command}))
     return wall
 

@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
-from ragen.envs.utils import grid_space, grid_to_rgb, step_info, tile
+from ragen.envs.utils import choices_text, grid_space, grid_to_rgb, step_info, tile
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
 ACTION_WORDS = ["Left", "Down", "Right", "Up"]  # indexed by action id
@@ -154,7 +154,7 @@ class FrozenLakeEnv(gymnasium.Env):
     metadata = {"render_modes": ["ansi", "rgb_array"]}
     instructions: str = INSTRUCTIONS + SLIPPERY_NOTE
     example_action: str = "Right"
-    action_choices: str = f"{', '.join(ACTION_WORDS[:-1])} or {ACTION_WORDS[-1]}"  # listed in every state message
+    action_choices: str = choices_text(ACTION_WORDS)  # listed in every state message
 
     def __init__(self, config: FrozenLakeConfig, render_mode: str = "ansi") -> None:
         if render_mode not in self.metadata["render_modes"]:

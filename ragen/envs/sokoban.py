@@ -25,7 +25,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from ragen.envs.utils import grid_space, grid_to_rgb, shortest_path, step_info, tile
+from ragen.envs.utils import choices_text, grid_space, grid_to_rgb, shortest_path, step_info, tile
 
 ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
 ACTION_BY_WORD = {word.lower(): word for word in ACTIONS}  # actions match ignoring case
@@ -323,7 +323,7 @@ class SokobanEnv(gymnasium.Env):
     # The class attribute describes the default symbols; an instance rewrites it for its configured ones.
     instructions: str = _instructions(LEGEND)
     example_action: str = "Left"
-    action_choices: str = f"{', '.join(list(ACTIONS)[:-1])} or {list(ACTIONS)[-1]}"  # listed in every state message
+    action_choices: str = choices_text(ACTIONS)  # listed in every state message
 
     def __init__(self, config: SokobanConfig, render_mode: str = "ansi") -> None:
         if render_mode not in self.metadata["render_modes"]:

@@ -16,6 +16,12 @@ def step_info(valid: bool, effective: bool, success: bool) -> dict[str, bool]:
     return {"action_is_valid": bool(valid), "action_is_effective": bool(effective), "success": bool(success)}
 
 
+def choices_text(words: Iterable[str]) -> str:
+    """"Up, Down, Left or Right": an env's moves as its state message lists them (`action_choices`)."""
+    *rest, last = words
+    return f"{', '.join(rest)} or {last}"
+
+
 def grid_space(height: int, width: int, symbols: str) -> spaces.Text:
     """The observation space of a (height, width) grid drawn with `symbols`, one line per row."""
     return spaces.Text(max_length=(width + 1) * height, charset=symbols + "\n")
