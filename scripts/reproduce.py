@@ -23,6 +23,7 @@ so a reproduction longer than one sitting can be run in pieces. A different comm
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,11 +59,12 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         earlier = {"command": command, "wall_time_s": 0.0}
+        started.write_text(json.dumps(earlier))  # now, so that even a killed sitting is resumed, not wiped
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
     with open(run_dir.parent / f"seed_{seed}.log", "a") as log:
         checkpoints = [f"trainer.save_freq={args.save_freq}", "trainer.max_actor_ckpt_to_keep=1"]
-        try:
+        try:  # on an exception (Ctrl-C, SIGTERM: see main) subprocess.run kills the trainer before raising
             returncode = subprocess.run(command + checkpoints, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
         finally:  # interrupted or not, the time spent counts towards this run
             wall = earlier["wall_time_s"] + time.time() - start
@@ -185,7 +187,14 @@ def validation_tags(recipe: str, overrides: list[str]) -> list[str]:
     return list(load_config(recipe, overrides).es_manager.val.env_configs.tags)
 
 
+def exit_on_sigterm() -> None:
+    """`timeout`, a batch scheduler or `kill` stop a run with SIGTERM: exit as on Ctrl-C, so that the trainer is
+    stopped and the sitting's wall time recorded; the same command goes on from the newest checkpoint."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main() -> None:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="a recipe of train.sh: bandit, frozen_lake, sokoban, countdown")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="training seeds (trainer.seed)")

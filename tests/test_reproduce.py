@@ -3,7 +3,11 @@
 import argparse
 import importlib.util
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +78,35 @@ def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, 
     with pytest.raises(SystemExit):  # another command: the old run is wiped, so the stand-in starts over
         reproduce.train("bandit", 1, run_dir, args, ["a=2"])
     assert not (run_dir / "reproduce.json").exists()
+
+
+def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monkeypatch, capsys):
+    """`timeout 8h python scripts/reproduce.py ...`: the SIGTERM must not lose the run (it once did: the command
+    was recorded only after the trainer ended, so the next sitting wiped the run and started over)."""
+    run_dir = tmp_path / "runs" / "seed_1"
+    # A stand-in for train.sh: the first sitting writes a "checkpoint" and its pid, then trains "forever".
+    trainer = ("import os, pathlib, sys, time; run = pathlib.Path(sys.argv[1]); ckpt = run / 'global_step_1'\n"
+               "if ckpt.exists(): sys.exit(0)\n"
+               "ckpt.mkdir(); (run / 'pid').write_text(str(os.getpid())); time.sleep(120)")
+    driver = (f"import argparse, importlib.util, sys\n"
+              f"spec = importlib.util.spec_from_file_location('reproduce', {str(REPO / 'scripts' / 'reproduce.py')!r})\n"
+              f"r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
+              f"r.run_command = lambda *args: [sys.executable, '-c', {trainer!r}, {str(run_dir)!r}]\n"
+              f"r.exit_on_sigterm()\n"
+              f"r.train('bandit', 1, r.Path({str(run_dir)!r}), argparse.Namespace(val_seed=5, save_freq=1), [])\n")
+    sitting = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO)
+    deadline = time.time() + 60
+    while not (run_dir / "pid").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    trainer_pid = int((run_dir / "pid").read_text())
+    sitting.send_signal(signal.SIGTERM)
+    assert sitting.wait(timeout=30) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):  # the trainer was stopped (and reaped), not left running
+        os.kill(trainer_pid, 0)
+    recorded = json.loads((run_dir / "command.json").read_text())
+    assert recorded["wall_time_s"] > 0
+
+    monkeypatch.setattr(reproduce, "run_command", lambda *args: recorded["command"])
+    reproduce.train("bandit", 1, run_dir, argparse.Namespace(val_seed=5, save_freq=1), [])
+    assert "resuming the interrupted run" in capsys.readouterr().out
+    assert (run_dir / "reproduce.json").is_file()

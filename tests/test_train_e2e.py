@@ -58,6 +58,9 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
                     "rollout/filter_kept_ratio", "rollout/response_repetition"):
             assert key in m, key
         assert m["actor/grad_norm"] > 0 and "critic/vf_loss" not in m  # the bandit recipe is RLOO: no critic
+        assert m["perf/generated_tokens"] > 0 and m["perf/update_tokens"] > 0
+        assert m["perf/rollout_tokens_per_s"] == pytest.approx(m["perf/generated_tokens"] / m["timing_s/gen"])
+        assert m["perf/peak_memory_gib"] > 0.2  # the actor worker's peak RSS: torch and a model take more
     assert "step 2:" in result.stdout
     changed = changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
     assert any("layers.0.self_attn.q_proj" in k for k in changed) and any("layers.1.mlp" in k for k in changed)

@@ -201,7 +201,7 @@ class SFTTrainer(Worker):
                 step += 1
                 seconds = time.perf_counter() - start
                 metrics |= {"perf/tokens_per_s": batch.batch["attention_mask"].sum().item() / seconds}
-                metrics = _mean_over_ranks(metrics)
+                metrics = _mean_over_ranks(metrics, self.device)
                 metrics["perf/tokens_per_s"] *= self.world_size  # all ranks together
                 metrics |= {"sft/epoch": epoch + (s + 1) / self.steps_per_epoch, "timing_s/step": seconds}
                 if s == self.steps_per_epoch - 1:
@@ -222,7 +222,8 @@ class SFTTrainer(Worker):
         """Test-split loss (teacher-forced) and, for up to `eval.max_turns` test turns, whether the greedy reply
         is well-formed (`val/format_accuracy`) and names the expert's actions (`val/action_accuracy`)."""
         self.model.eval()
-        totals = torch.zeros(5, dtype=torch.float64)  # nll, reply tokens, turns scored, well-formed, expert actions
+        # on the rank's device: NCCL reduces CUDA tensors only
+        totals = torch.zeros(5, dtype=torch.float64, device=self.device)  # nll, reply tokens, turns scored, well-formed, expert actions
         rows = list(range(self.rank, len(self.test), self.world_size))
         per_rank = -(-len(self.test) // self.world_size)  # every rank runs as many forwards (FSDP all-gathers)
         micro = self.cfg.trainer.micro_batch_size_per_gpu
@@ -238,7 +239,7 @@ class SFTTrainer(Worker):
             lora = self.cfg.lora
             weights = merge_lora(full_state_dict(self.model), lora.alpha / lora.rank)  # a collective
             self.generator.sync_weights(weights)
-            totals[2:] += self._score_replies()
+            totals[2:] += self._score_replies().to(self.device)
         dist.all_reduce(totals)
         metrics = {"val/loss": float(totals[0] / max(totals[1], 1))}
         if self.generator is not None:
@@ -291,9 +292,9 @@ class SFTTrainer(Worker):
             self.tracker.log(metrics, step)
 
 
-def _mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+def _mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
     keys = sorted(metrics)
-    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(values)
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, values)}
 

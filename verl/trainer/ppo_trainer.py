@@ -82,6 +82,7 @@ class PPOTrainer:
                 if self.val_agent is not None and self.config.test_freq > 0 and (
                         step % self.config.test_freq == 0 or step == last):
                     metrics |= self.validate(step)
+            metrics |= throughput(rollout.batch, batch, metrics)
             self.tracker.log(rollout.metrics | filter_metrics | adv_metrics | metrics, step)
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
                 self.save(step)
@@ -214,6 +215,14 @@ def equal_rewards_within_groups(batch: DataProto) -> bool:
 def groups_per_multiple(samples_multiple: int, group_size: int) -> int:
     """The smallest number of groups whose trajectories are a multiple of `samples_multiple`."""
     return samples_multiple // np.gcd(samples_multiple, group_size)
+
+
+def throughput(rollout: DataProto, batch: DataProto, metrics: dict[str, float]) -> dict[str, float]:
+    """Tokens the rollout generated (all trajectories) and the update trained on (the kept ones, prompts
+    included), and the rollout's tokens per second of its wall time (environment steps included)."""
+    generated = rollout.batch["loss_mask"].sum().item()
+    return {"perf/generated_tokens": generated, "perf/rollout_tokens_per_s": generated / metrics["timing_s/gen"],
+            "perf/update_tokens": batch.batch["attention_mask"].sum().item()}
 
 
 @contextmanager

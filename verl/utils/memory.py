@@ -12,6 +12,7 @@ It is an estimate, printed with its parts; the tokens per trajectory are an uppe
 """
 
 import os
+import resource
 from dataclasses import dataclass
 
 import torch
@@ -72,3 +73,11 @@ def available_per_rank(ranks_per_node: int) -> float:
     if torch.cuda.is_available():
         return torch.cuda.mem_get_info()[1] / GIB
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ranks_per_node
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """This process's peak so far: CUDA memory allocated on a GPU, resident memory (RSS) on a CPU, to set
+    beside the start-up estimate."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux reports KiB

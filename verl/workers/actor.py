@@ -23,6 +23,7 @@ from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig, LoraConfig, ModelConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
+from verl.utils import memory
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
@@ -88,6 +89,7 @@ class ActorRolloutRefWorker(Worker):
                              device=self.device, prefix="actor")
         self.lr_scheduler.step()
         self.rollout.sync_weights(self.rollout_weights())
+        metrics["perf/peak_memory_gib"] = memory.peak_memory_gib(self.device)  # rollout's and update's
         return metrics
 
     @register(ONE_TO_ALL)
