@@ -38,12 +38,19 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def ray_processes() -> list[str]:
+def ray_processes() -> dict[str, str]:
+    """pid -> command line of the running Ray processes (zombies are not running)."""
     listing = subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout
-    return [line for line in listing.splitlines() if "<defunct>" not in line]  # zombies are not running
+    return {line.split()[0]: line for line in listing.splitlines() if "<defunct>" not in line}
+
+
+def left_behind(others: dict[str, str]) -> list[str]:
+    """Ray processes running now that were not before the run (`others`: another run's, left alone)."""
+    return [line for pid, line in ray_processes().items() if pid not in others]
 
 
 def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
+    others = ray_processes()  # another run on this machine (a researcher's training) is not this run's
     result = train("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=2",
                    "logging.log_image_step_size=2", "logging.log_n_image_per_batch=4")
     validation, *metrics = read_metrics(tmp_path)
@@ -64,7 +71,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert "step 2:" in result.stdout
     changed = changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
     assert any("layers.0.self_attn.q_proj" in k for k in changed) and any("layers.1.mlp" in k for k in changed)
-    assert ray_processes() == [], "the run left Ray processes behind"
+    assert left_behind(others) == [], "the run left Ray processes behind"
     rollouts = tmp_path / "rollouts"
     assert sorted(p.relative_to(rollouts).as_posix() for p in rollouts.rglob("*.jsonl")) == [
         "train/step_1.jsonl", "train/step_2.jsonl", "val/step_0.jsonl", "val/step_2.jsonl"]
@@ -108,6 +115,7 @@ def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected,
 
 def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path):
     # the filter keeps 1 of 4 groups = one mini-batch of 4, split 2 + 2 over the ranks of actor and critic
+    others = ray_processes()
     train("sokoban", tiny_model_path, tmp_path, "algo=starpo_s", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
           "trainer.n_cpu_ranks_per_node=2", "agent_proxy.max_turn=2", "trainer.val_before_train=false",
@@ -116,7 +124,7 @@ def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["rollout/filter_kept_ratio"] == 0.25 and "critic/vf_loss" in m for m in metrics)
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
-    assert ray_processes() == [], "the run left Ray processes behind"
+    assert left_behind(others) == [], "the run left Ray processes behind"
 
 
 def test_bad_config_fails_before_loading_a_model(tmp_path):

@@ -18,7 +18,8 @@ def rollout_batch(rewards: list[float], group_size: int) -> DataProto:
     n = len(rewards)
     token_rewards = torch.zeros(n, 3)  # (B, T)
     token_rewards[:, 2] = torch.tensor(rewards)
-    return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "loss_mask": torch.tensor([[0., 1, 1]] * n),
+    return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "attention_mask": torch.ones(n, 3, dtype=torch.long),
+                            "loss_mask": torch.tensor([[0., 1, 1]] * n),
                             "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
                             "state_ids": torch.zeros(n, 3, dtype=torch.long),
                             "turn_ids": torch.zeros(n, 3, dtype=torch.long)},
@@ -168,6 +169,10 @@ def test_filter_runs_before_scoring(tmp_path):
     trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.5))
     trainer.fit()
     assert {size for _, what, size in calls if what != "save_checkpoint"} == {4}
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    # generated: 2 tokens of each of the 8 trajectories; trained on: 3 tokens of each of the 4 kept
+    assert (logged["perf/generated_tokens"], logged["perf/update_tokens"]) == (16, 12)
+    assert logged["perf/rollout_tokens_per_s"] == pytest.approx(16 / logged["timing_s/gen"])
 
 
 def test_advantages_are_added_with_their_mask(tmp_path):
