@@ -89,7 +89,8 @@ def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monk
                "if ckpt.exists(): sys.exit(0)\n"
                "ckpt.mkdir(); (run / 'pid').write_text(str(os.getpid())); time.sleep(120)")
     driver = (f"import argparse, importlib.util, sys\n"
-              f"spec = importlib.util.spec_from_file_location('reproduce', {str(REPO / 'scripts' / 'reproduce.py')!r})\n"
+              f"path = {str(REPO / 'scripts' / 'reproduce.py')!r}\n"
+              f"spec = importlib.util.spec_from_file_location('reproduce', path)\n"
               f"r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
               f"r.run_command = lambda *args: [sys.executable, '-c', {trainer!r}, {str(run_dir)!r}]\n"
               f"r.exit_on_sigterm()\n"

@@ -222,8 +222,8 @@ class SFTTrainer(Worker):
         """Test-split loss (teacher-forced) and, for up to `eval.max_turns` test turns, whether the greedy reply
         is well-formed (`val/format_accuracy`) and names the expert's actions (`val/action_accuracy`)."""
         self.model.eval()
-        # on the rank's device: NCCL reduces CUDA tensors only
-        totals = torch.zeros(5, dtype=torch.float64, device=self.device)  # nll, reply tokens, turns scored, well-formed, expert actions
+        # nll, reply tokens, turns scored, well-formed, expert actions; on the rank's device (NCCL reduces CUDA tensors)
+        totals = torch.zeros(5, dtype=torch.float64, device=self.device)
         rows = list(range(self.rank, len(self.test), self.world_size))
         per_rank = -(-len(self.test) // self.world_size)  # every rank runs as many forwards (FSDP all-gathers)
         micro = self.cfg.trainer.micro_batch_size_per_gpu

@@ -18,8 +18,8 @@ def rollout_batch(rewards: list[float], group_size: int) -> DataProto:
     n = len(rewards)
     token_rewards = torch.zeros(n, 3)  # (B, T)
     token_rewards[:, 2] = torch.tensor(rewards)
-    return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "attention_mask": torch.ones(n, 3, dtype=torch.long),
-                            "loss_mask": torch.tensor([[0., 1, 1]] * n),
+    return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "loss_mask": torch.tensor([[0., 1, 1]] * n),
+                            "attention_mask": torch.ones(n, 3, dtype=torch.long),
                             "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
                             "state_ids": torch.zeros(n, 3, dtype=torch.long),
                             "turn_ids": torch.zeros(n, 3, dtype=torch.long)},
