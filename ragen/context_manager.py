@@ -101,7 +101,7 @@ class Trajectory:
 
 class ContextManager:
     def __init__(self, tokenizer, config: AgentProxyConfig, instructions: dict[str, str],
-                 example_actions: dict[str, str], eos_ids: list[int], max_model_len: int = 1 << 30,
+                 example_actions: dict[str, tuple[str, ...]], eos_ids: list[int], max_model_len: int = 1 << 30,
                  action_choices: dict[str, str] | None = None):
         self.tokenizer, self.config = tokenizer, config
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
@@ -119,7 +119,7 @@ class ContextManager:
         """The context manager for environments by tag, with each one's instructions, format example and moves."""
         choices = {tag: getattr(env, "action_choices", "") for tag, env in envs.items()}  # an optional attribute
         return cls(tokenizer, config, instructions={tag: env.instructions for tag, env in envs.items()},
-                   example_actions={tag: env.example_action for tag, env in envs.items()}, eos_ids=eos_ids,
+                   example_actions={tag: tuple(env.example_actions) for tag, env in envs.items()}, eos_ids=eos_ids,
                    max_model_len=max_model_len, action_choices={tag: text for tag, text in choices.items() if text})
 
     # ---- prompts -------------------------------------------------------------------------------------
@@ -222,12 +222,16 @@ class ContextManager:
     # ---- text ----------------------------------------------------------------------------------------
     def _system_prompt(self, tag: str) -> str:
         cfg = self.config
-        action = self.example_actions[tag]
+        # The example shows as many of the env's example actions as a turn may take: shown one, the bundled
+        # model answers one action per turn (FrozenLake: 0 of 44 well-formed sampled replies named two)
+        actions = self.example_actions[tag][:cfg.max_actions_per_turn]
+        answer = f" {cfg.action_sep} ".join(actions)
         if cfg.enable_think:  # a worked example, not a placeholder template: small models copy placeholders
             fmt = ("Reply with your reasoning in <think></think> and then your action in <answer></answer>, "
-                   f"for example: <think>I think {action} is a good move.</think><answer>{action}</answer>")
+                   f"for example: <think>I think {' then '.join(actions)} is a good move.</think>"
+                   f"<answer>{answer}</answer>")
         else:
-            fmt = f"Reply with your action in <answer></answer>, for example: <answer>{action}</answer>"
+            fmt = f"Reply with your action in <answer></answer>, for example: <answer>{answer}</answer>"
         if cfg.max_actions_per_turn > 1:
             fmt += f"\nYou may give up to {cfg.max_actions_per_turn} actions, separated by '{cfg.action_sep}'."
         return f"{SYSTEM_PROMPT}\n{self.instructions[tag]}\n{fmt}"

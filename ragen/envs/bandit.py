@@ -77,14 +77,14 @@ class BanditEnv(gymnasium.Env):
     # The class attributes describe the default arms; an instance rewrites them for its configured names.
     instructions: str = _instructions(BanditConfig())
     # The format example names no arm (see the module docstring); an answer that copies it is invalid.
-    example_action: str = EXAMPLE_WORDS[0]
+    example_actions: tuple[str, ...] = (EXAMPLE_WORDS[0],)
 
     def __init__(self, config: BanditConfig, render_mode: str = "ansi") -> None:
         self.config = config
         self.render_mode = render_mode
         self.instructions = _instructions(config)
         arms = {config.safe_arm_name.lower(), config.risky_arm_name.lower()}
-        self.example_action = next(word for word in EXAMPLE_WORDS if word not in arms)
+        self.example_actions = (next(word for word in EXAMPLE_WORDS if word not in arms),)
         self.observation_space = spaces.Text(max_length=MAX_TEXT_LENGTH, charset=string.printable)
         self.action_space = spaces.Text(max_length=MAX_TEXT_LENGTH, charset=string.printable)
         self.arm_order: tuple[str, str] = (config.safe_arm_name, config.risky_arm_name)

@@ -46,9 +46,13 @@ def check_env(env: gymnasium.Env, seed: int = 0, max_episode_steps: int = 1000) 
     how many valid actions an episode may take before it must terminate or truncate.
     """
     env = env.unwrapped
-    for name in ("instructions", "example_action"):
-        _require(isinstance(getattr(env, name, None), str) and getattr(env, name).strip() != "",
-                 f"{type(env).__name__} needs a non-empty str attribute `{name}` (used in the prompt)")
+    _require(isinstance(getattr(env, "instructions", None), str) and env.instructions.strip() != "",
+             f"{type(env).__name__} needs a non-empty str attribute `instructions` (used in the prompt)")
+    examples = getattr(env, "example_actions", None)
+    _require(isinstance(examples, tuple) and len(examples) > 0
+             and all(isinstance(a, str) and a.strip() != "" for a in examples),
+             f"{type(env).__name__} needs `example_actions`, a non-empty tuple of non-empty str (the prompt's "
+             "format example)")
     _require(isinstance(getattr(env, "action_choices", ""), str),
              f"{type(env).__name__}.action_choices, if set, is a str: the moves listed in every state message")
     _require(callable(getattr(env, "sample_action", None)),
@@ -68,7 +72,7 @@ def check_env(env: gymnasium.Env, seed: int = 0, max_episode_steps: int = 1000) 
     _require(reference == _play(env, seed, max_episode_steps, interleave_invalid=True),
              "interleaving invalid actions changed the episode: an invalid action must leave the state, the "
              "random stream and the step count untouched")
-    _check_example_action(env, seed)
+    _check_example_actions(env, seed)
     _check_rgb_array(env, seed)
     _check_truncation(env, seed)
 
@@ -130,13 +134,14 @@ def _play(env: gymnasium.Env, seed: int, max_steps: int, interleave_invalid: boo
     )
 
 
-def _check_example_action(env: gymnasium.Env, seed: int) -> None:
-    """The prompt wraps example_action in <answer></answer> to show the format. It need not be a valid action
-    (the bandit's names no arm, so as not to favour one), but it is an action, not a reply."""
-    _require(not re.search(r"</?(think|answer)>", env.example_action),
-             f"example_action {env.example_action!r} must be the action alone: the prompt adds the tags")
-    env.reset(seed=seed)
-    _check_step(env, env.example_action)
+def _check_example_actions(env: gymnasium.Env, seed: int) -> None:
+    """The prompt joins example_actions in <answer></answer> to show the format. They need not be valid actions
+    (the bandit's names no arm, so as not to favour one), but each is an action, not a reply."""
+    for action in env.example_actions:
+        _require(not re.search(r"</?(think|answer)>", action),
+                 f"example action {action!r} must be the action alone: the prompt adds the tags")
+        env.reset(seed=seed)
+        _check_step(env, action)
 
 
 def _check_rgb_array(env: gymnasium.Env, seed: int) -> None:

@@ -272,7 +272,7 @@ class CountdownEnv(gymnasium.Env):
 
     metadata = {"render_modes": ["ansi"]}
     instructions: str = INSTRUCTIONS
-    example_action: str = "(1 + 2) * 3"
+    example_actions: tuple[str, ...] = ("(1 + 2) * 3",)
 
     def __init__(self, config: CountdownConfig, render_mode: str = "ansi") -> None:
         self.config = config

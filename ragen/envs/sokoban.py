@@ -322,7 +322,7 @@ class SokobanEnv(gymnasium.Env):
     metadata = {"render_modes": ["ansi", "rgb_array"]}
     # The class attribute describes the default symbols; an instance rewrites it for its configured ones.
     instructions: str = _instructions(LEGEND)
-    example_action: str = "Left"
+    example_actions: tuple[str, ...] = ("Left",)
     action_choices: str = choices_text(ACTIONS)  # listed in every state message
 
     def __init__(self, config: SokobanConfig, render_mode: str = "ansi") -> None:

@@ -9,7 +9,7 @@ from ragen.context_manager import ContextManager, Trajectory, parse_reply
 @pytest.fixture
 def context(tokenizer):
     return ContextManager(tokenizer, AgentProxyConfig(max_actions_per_turn=2), instructions={"Toy": "Rules."},
-                          example_actions={"Toy": "Left"}, eos_ids=[tokenizer.eos_token_id])
+                          example_actions={"Toy": ("Left",)}, eos_ids=[tokenizer.eos_token_id])
 
 
 def encode(tokenizer, text):
@@ -51,6 +51,21 @@ def test_replies_parse_into_actions(context):
     assert reply.startswith("<think>")
     parsed = context.parse(reply)
     assert parsed.format_ok and parsed.actions == ["Left", "Up"]  # max_actions_per_turn=2
+
+
+@pytest.mark.parametrize("max_actions, think, answer", [
+    (1, True, "<think>I think Right is a good move.</think><answer>Right</answer>"),
+    (2, True, "<think>I think Right then Down is a good move.</think><answer>Right || Down</answer>"),
+    (4, False, "<answer>Right || Down || Right</answer>"),  # the env gives 3: all of them
+])
+def test_format_example_shows_as_many_actions_as_a_turn_takes(tokenizer, max_actions, think, answer):
+    """Shown one action, the bundled model answered one per turn and could not reach FrozenLake's goal."""
+    config = AgentProxyConfig(max_actions_per_turn=max_actions, enable_think=think)
+    context = ContextManager(tokenizer, config, instructions={"Toy": "Rules."},
+                             example_actions={"Toy": ("Right", "Down", "Right")}, eos_ids=[tokenizer.eos_token_id])
+    prompt = context._system_prompt("Toy")
+    assert f"for example: {answer}" in prompt
+    assert context.parse(answer).actions == ["Right", "Down", "Right"][:max_actions]  # the example parses
 
 
 def test_reply_text_is_cut_at_the_stop_string(context):

@@ -87,10 +87,11 @@ def test_the_format_example_names_no_arm(safe, risky):
     """Before training the model copies the example: naming the safe arm there made it the only arm sampled."""
     env = BanditEnv(BanditConfig(safe_arm_name=safe, risky_arm_name=risky))
     env.reset(seed=0)
-    assert env.example_action.lower() not in {safe.lower(), risky.lower()}
-    assert not env.step(env.example_action)[4]["action_is_valid"]
+    assert len(env.example_actions) == 1
+    assert env.example_actions[0].lower() not in {safe.lower(), risky.lower()}
+    assert not env.step(env.example_actions[0])[4]["action_is_valid"]
     swapped = BanditEnv(BanditConfig(safe_arm_name=risky, risky_arm_name=safe))
-    assert (swapped.instructions, swapped.example_action) == (env.instructions, env.example_action)
+    assert (swapped.instructions, swapped.example_actions) == (env.instructions, env.example_actions)
 
 
 @pytest.mark.parametrize("answer, arm", [("dragon", "dragon"), ("I choose Dragon.", "dragon"),

@@ -32,7 +32,7 @@ class Walk(gymnasium.Env):
 
     metadata = {"render_modes": ["ansi"]}
     instructions = "Walk right to cell 3. Actions: right, stay."
-    example_action = "right"
+    example_actions = ("right",)
 
     def __init__(self, config: WalkConfig = WalkConfig(), render_mode: str = "ansi"):
         self.config = config
@@ -100,7 +100,11 @@ class NeverEnds(Walk):
 
 
 class BadExample(Walk):
-    example_action = "<answer>right</answer>"
+    example_actions = ("right", "<answer>right</answer>")
+
+
+class ExampleNotATuple(Walk):
+    example_actions = "right"
 
 
 class IntReward(Walk):
@@ -138,7 +142,8 @@ class NoActionSpace(Walk):
         (GlobalRandom, "deterministic|same seed"),
         (MissingInfoKey, "info must carry"),
         (NeverEnds, "did not end"),
-        (BadExample, "example_action"),
+        (BadExample, "must be the action alone"),
+        (ExampleNotATuple, "example_actions"),
         (IntReward, "Python float"),
         (InvalidReportedValid, "reported valid"),
         (NoSampleAction, "sample_action"),

@@ -63,7 +63,7 @@ def test_state_text_and_attributes():
     env, obs = puzzle_env([2, 3, 4], 14)
     assert obs == env.render() == "Target: 14\nNumbers: 2, 3, 4"
     assert env.numbers == [2, 3, 4] and env.target == 14
-    assert parse_equation(env.example_action) is not None
+    assert parse_equation(env.example_actions[0]) is not None
     assert "exactly once" in env.instructions and "+ - * /" in env.instructions
 
 

@@ -382,7 +382,7 @@ def test_default_instructions_carry_the_default_legend_and_actions():
     )
     assert "Actions: Up, Down, Left, Right." in env.instructions
     env.reset(seed=0)
-    assert env.step(env.example_action)[4]["action_is_valid"]
+    assert all(env.step(a)[4]["action_is_valid"] for a in env.example_actions)
 
 
 def test_every_listed_choice_is_a_valid_move():
