@@ -119,7 +119,7 @@ class ContextManager:
         """The context manager for environments by tag, with each one's instructions, format example and moves."""
         choices = {tag: getattr(env, "action_choices", "") for tag, env in envs.items()}  # an optional attribute
         return cls(tokenizer, config, instructions={tag: env.instructions for tag, env in envs.items()},
-                   example_actions={tag: tuple(env.example_actions) for tag, env in envs.items()}, eos_ids=eos_ids,
+                   example_actions={tag: env.example_actions for tag, env in envs.items()}, eos_ids=eos_ids,
                    max_model_len=max_model_len, action_choices={tag: text for tag, text in choices.items() if text})
 
     # ---- prompts -------------------------------------------------------------------------------------

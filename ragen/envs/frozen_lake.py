@@ -153,7 +153,8 @@ class FrozenLakeEnv(gymnasium.Env):
 
     metadata = {"render_modes": ["ansi", "rgb_array"]}
     instructions: str = INSTRUCTIONS + SLIPPERY_NOTE
-    example_actions: tuple[str, ...] = ("Right", "Down", "Right", "Down")  # toward the goal, which is always bottom-right
+    # Four, as a turn may take four: shown one, the model answered one action per turn (config/frozen_lake.yaml)
+    example_actions: tuple[str, ...] = ("Right", "Down", "Right", "Down")
     action_choices: str = choices_text(ACTION_WORDS)  # listed in every state message
 
     def __init__(self, config: FrozenLakeConfig, render_mode: str = "ansi") -> None:
