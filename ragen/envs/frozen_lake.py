@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
-from ragen.envs.utils import choices_text, grid_space, grid_to_rgb, step_info, tile
+from ragen.envs.utils import check_cell_separator, choices_text, grid_space, grid_text, grid_to_rgb, step_info, tile
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
 ACTION_WORDS = ["Left", "Down", "Right", "Up"]  # indexed by action id
@@ -67,8 +67,10 @@ class FrozenLakeConfig:
     p: float = 0.8  # probability that a tile is frozen rather than a hole (low p on big maps: slow redraws)
     is_slippery: bool = True  # a move goes the intended way with probability 1/3, each side 1/3
     max_steps: int = 100  # valid actions before the episode is truncated
+    cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
 
     def __post_init__(self) -> None:
+        check_cell_separator(self.cell_separator)
         if self.size < 2:
             raise ValueError(f"size={self.size} must be >= 2: the start and the goal need separate cells")
         if not 0.0 < self.p <= 1.0:
@@ -163,7 +165,7 @@ class FrozenLakeEnv(gymnasium.Env):
         self.config = config
         self.render_mode = render_mode
         self.instructions = INSTRUCTIONS + (SLIPPERY_NOTE if config.is_slippery else "")
-        self.observation_space = grid_space(config.size, config.size, LEGEND)
+        self.observation_space = grid_space(config.size, config.size, LEGEND, config.cell_separator)
         self.action_space = spaces.Text(max_length=16)
         self.lake: gym_frozen_lake.FrozenLakeEnv | None = None  # built by reset
         self.lake_rows: list[str] = []  # the map self.lake was built for
@@ -175,12 +177,12 @@ class FrozenLakeEnv(gymnasium.Env):
             raise ValueError(f"unknown reset options {sorted(set(options) - {'map'})}; the only option is 'map'")
         if "map" in options:
             self.desc = parse_map(options["map"])
-            self.observation_space = grid_space(*self.desc.shape, LEGEND)
+            self.observation_space = grid_space(*self.desc.shape, LEGEND, self.config.cell_separator)
         else:
             map_seed = int(self.np_random.integers(2**32))
             rows = gym_frozen_lake.generate_random_map(self.config.size, self.config.p, seed=map_seed)
             self.desc = _letters(rows)
-            self.observation_space = grid_space(self.config.size, self.config.size, LEGEND)
+            self.observation_space = grid_space(self.config.size, self.config.size, LEGEND, self.config.cell_separator)
         rows = ["".join(row) for row in self.desc]
         self.board = np.array([[LETTER_TO_SYMBOL[letter] for letter in row] for row in rows])  # (H, W)
         if self.lake is None or self.lake_rows != rows:  # building the transition table is most of a reset
@@ -220,7 +222,7 @@ class FrozenLakeEnv(gymnasium.Env):
         return grid
 
     def _text(self) -> str:
-        return "\n".join("".join(row) for row in self._symbols())
+        return grid_text(self._symbols(), self.config.cell_separator)
 
     def render(self) -> str | np.ndarray:
         if self.render_mode == "rgb_array":

@@ -25,7 +25,9 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from ragen.envs.utils import choices_text, grid_space, grid_to_rgb, shortest_path, step_info, tile
+from ragen.envs.utils import (
+    check_cell_separator, choices_text, grid_space, grid_text, grid_to_rgb, shortest_path, step_info, tile,
+)
 
 ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
 ACTION_BY_WORD = {word.lower(): word for word in ACTIONS}  # actions match ignoring case
@@ -63,6 +65,7 @@ class SokobanConfig:
     search_depth: int = 30  # random reverse moves played from the solved state to make a level
     # text symbols for: wall, floor, target, box on target, box, player, player on target
     symbols: str = LEGEND
+    cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
 
     def __post_init__(self) -> None:
         for name in ("dim_x", "dim_y"):
@@ -85,6 +88,7 @@ class SokobanConfig:
                 f"symbols={self.symbols!r} must be 7 distinct non-whitespace characters for wall, floor, target, "
                 f"box on target, box, player and player on target, in that order (the default is {LEGEND!r})"
             )
+        check_cell_separator(self.cell_separator)
 
 
 def carve_room(height: int, width: int, num_floor: int, rng: np.random.Generator) -> np.ndarray:
@@ -264,7 +268,7 @@ def solve_env(env: "SokobanEnv", max_states: int = MAX_SOLVER_STATES) -> list[st
 def parse_room(text: str, symbols: str = LEGEND) -> Level:
     """Read a room written with `symbols` (see SokobanConfig) into (walls, targets, boxes) and the player."""
     wall, _, target, box_on_target, box, player, player_on_target = symbols
-    rows = text.strip("\n").split("\n")
+    rows = [row.replace(" ", "") for row in text.strip("\n").split("\n")]  # cells may be space-separated
     if len({len(row) for row in rows}) != 1:
         raise ValueError("room rows must all have the same length")
     chars = np.array([list(row) for row in rows])
@@ -332,7 +336,7 @@ class SokobanEnv(gymnasium.Env):
         self.render_mode = render_mode
         self.instructions = _instructions(config.symbols)
         self.tiles = _tiles(config.symbols)
-        self.observation_space = grid_space(config.dim_y, config.dim_x, config.symbols)
+        self.observation_space = grid_space(config.dim_y, config.dim_x, config.symbols, config.cell_separator)
         self.action_space = spaces.Text(max_length=16)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -344,7 +348,8 @@ class SokobanEnv(gymnasium.Env):
             self.walls, self.targets, self.boxes, self.player = parse_room(options["room"], self.config.symbols)
         else:
             self.walls, self.targets, self.boxes, self.player = generate_level(self.config, self.np_random)
-        self.observation_space = grid_space(*self.walls.shape, self.config.symbols)  # a loaded room sets its own size
+        # a loaded room sets its own size
+        self.observation_space = grid_space(*self.walls.shape, self.config.symbols, self.config.cell_separator)
         self.num_steps = 0
         return self._text(), {}
 
@@ -392,7 +397,7 @@ class SokobanEnv(gymnasium.Env):
         return grid
 
     def _text(self) -> str:
-        return "\n".join("".join(row) for row in self._symbol_grid())
+        return grid_text(self._symbol_grid(), self.config.cell_separator)
 
     def render(self) -> str | np.ndarray:
         """The text state ("ansi"), or a (H * TILE, W * TILE, 3) uint8 picture ("rgb_array")."""

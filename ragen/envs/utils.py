@@ -22,9 +22,27 @@ def choices_text(words: Iterable[str]) -> str:
     return f"{', '.join(rest)} or {last}"
 
 
-def grid_space(height: int, width: int, symbols: str) -> spaces.Text:
-    """The observation space of a (height, width) grid drawn with `symbols`, one line per row."""
-    return spaces.Text(max_length=(width + 1) * height, charset=symbols + "\n")
+CELL_SEPARATORS = ("", " ")
+
+
+def check_cell_separator(separator: str) -> None:
+    """A grid env's `cell_separator` is written between the cells of a row. With " " SmolLM2's tokenizer gives each
+    cell a token of its own; with "" it merges runs ("##", "____") and a column sits at a different token
+    offset in each row."""
+    if separator not in CELL_SEPARATORS:
+        raise ValueError(f"cell_separator={separator!r} must be '' (cells side by side) or ' ' (one space between)")
+
+
+def grid_text(grid: np.ndarray, separator: str) -> str:
+    """A (H, W) array of one-character symbols as text: one line per row, cells joined by `separator`."""
+    return "\n".join(separator.join(row) for row in grid)
+
+
+def grid_space(height: int, width: int, symbols: str, separator: str = "") -> spaces.Text:
+    """The observation space of a (height, width) grid drawn with `symbols`, one line per row, cells joined by
+    `separator`."""
+    row_length = width + (width - 1) * len(separator)
+    return spaces.Text(max_length=(row_length + 1) * height, charset=symbols + separator + "\n")
 
 
 def tile(background: tuple[int, int, int], shape: str = "full", color: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:

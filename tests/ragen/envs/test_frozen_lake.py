@@ -303,8 +303,20 @@ def test_unknown_reset_option_and_render_mode_are_rejected():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"size": 1}, "size"), ({"p": 0.0}, "p="), ({"p": 1.2}, "p="), ({"max_steps": 0}, "max_steps")],
+    [({"size": 1}, "size"), ({"p": 0.0}, "p="), ({"p": 1.2}, "p="), ({"max_steps": 0}, "max_steps"),
+     ({"cell_separator": ","}, "cell_separator")],
 )
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
         FrozenLakeConfig(**kwargs)
+
+
+def test_cell_separator_spaces_the_cells_and_changes_nothing_else():
+    plain, spaced = FrozenLakeEnv(FrozenLakeConfig()), FrozenLakeEnv(FrozenLakeConfig(cell_separator=" "))
+    plain_obs, _ = plain.reset(seed=7)
+    spaced_obs, _ = spaced.reset(seed=7)
+    assert spaced_obs == "\n".join(" ".join(row) for row in plain_obs.split("\n"))
+    for action in ["Down", "Right", "Right", "Down"]:
+        plain_step, spaced_step = plain.step(action), spaced.step(action)
+        assert spaced.observation_space.contains(spaced_step[0])
+        assert spaced_step[0].replace(" ", "") == plain_step[0] and spaced_step[1:] == plain_step[1:]

@@ -393,3 +393,23 @@ def test_every_listed_choice_is_a_valid_move():
     for word in words:
         env.reset(seed=0)
         assert env.step(word)[4]["action_is_valid"]
+
+
+def test_cell_separator_spaces_the_cells_and_changes_nothing_else():
+    plain, spaced = SokobanEnv(SokobanConfig()), SokobanEnv(SokobanConfig(cell_separator=" "))
+    plain_obs, _ = plain.reset(seed=3)
+    spaced_obs, _ = spaced.reset(seed=3)
+    assert spaced_obs == "\n".join(" ".join(row) for row in plain_obs.split("\n"))
+    assert spaced.observation_space.contains(spaced_obs)
+    for action in ["Up", "Left", "Down", "Right", "Right"]:
+        plain_step, spaced_step = plain.step(action), spaced.step(action)
+        assert spaced_step[0].replace(" ", "") == plain_step[0] and spaced_step[1:] == plain_step[1:]
+    # a room given either way loads the same level
+    spaced.reset(options={"room": spaced_obs})
+    assert spaced.render() == spaced_obs
+    assert parse_room(spaced_obs)[3] == parse_room(plain_obs)[3]
+
+
+def test_config_rejects_a_bad_cell_separator():
+    with pytest.raises(ValueError, match="cell_separator"):
+        SokobanConfig(cell_separator="  ")
