@@ -368,6 +368,18 @@ class SokobanEnv(gymnasium.Env):
     def sample_action(self, rng: np.random.Generator) -> str:
         return list(ACTIONS)[int(rng.integers(len(ACTIONS)))]
 
+    def describe(self) -> str:
+        """Where the player, boxes and targets are, in rows and columns of the text state counted from 1 at the
+        top left (walls included), e.g. "The player is at row 2, column 3, the box at row 3, column 3, the
+        target at row 4, column 3." The expert's thought of `--describe-state` SFT data starts with it."""
+        def cells(grid: np.ndarray) -> str:
+            return " and ".join(f"row {r + 1}, column {c + 1}" for r, c in zip(*np.nonzero(grid)))
+
+        many = self.config.num_boxes > 1
+        return (f"The player is at row {self.player[0] + 1}, column {self.player[1] + 1}, "
+                f"the box{'es' if many else ''} at {cells(self.boxes)}, "
+                f"the target{'s' if many else ''} at {cells(self.targets)}.")
+
     def _move(self, direction: Cell) -> tuple[bool, float]:
         """Step the player, pushing the box ahead if the cell beyond it is free. Returns (moved, box reward)."""
         ahead = (self.player[0] + direction[0], self.player[1] + direction[1])

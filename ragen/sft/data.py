@@ -46,8 +46,10 @@ class ExpertPolicy:
     `generate_sequences` gets the prompts of the unfinished environments in their order, as the loop sends them.
     """
 
-    def __init__(self, env_manager: EnvStateManager, tokenizer, config: AgentProxyConfig, seed: int = 0):
+    def __init__(self, env_manager: EnvStateManager, tokenizer, config: AgentProxyConfig, seed: int = 0,
+                 describe_state: bool = False):
         self.env_manager, self.tokenizer, self.config = env_manager, tokenizer, config
+        self.describe_state = describe_state  # the thought first says where things are (the env's describe())
         self.rng = np.random.default_rng([seed, 2])
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -70,6 +72,11 @@ class ExpertPolicy:
         if not self.config.enable_think:  # the prompt already opened <answer>
             return answer
         thought = f"The best next action{'s are' if len(actions) > 1 else ' is'} {', '.join(actions)}."
+        if self.describe_state:
+            if not hasattr(env, "describe"):
+                raise ValueError(f"--describe-state needs a describe() method on {type(env).__name__} "
+                                 f"(env tag {state.tag!r}), which says where things are in words")
+            thought = f"{env.describe()} {thought}"
         return f"{thought}</think><answer>{answer}"
 
 
@@ -80,7 +87,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
-def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
+def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False) -> pa.Table:
     """One row per seed: the oracle's episode from that start state, as the RL loop records it."""
     cfg = copy.deepcopy(cfg)  # the batches below rewrite its env groups and seed
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
@@ -95,7 +102,8 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
                                                env_configs=EnvMixConfig(tags=list(tags), n_groups=[]))
         cfg.trainer.seed = start
         agent = make_agent(cfg, "train", None, tokenizer)
-        agent.actor_rollout_wg = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start)
+        agent.actor_rollout_wg = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
+                                              describe_state=describe_state)
         rollout = agent.rollout(step=0)
         lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
         for i, record in enumerate(rollout.records):
@@ -112,7 +120,8 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str) -> pa.Table:
             columns["turns"].append(json.dumps(record["turns"]))
     table = pa.table(columns)
     metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
-                "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags))}
+                "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags)),
+                "ragen.describe_state": json.dumps(describe_state)}
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
 
 
@@ -124,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--test-size", type=int, default=64, help="episodes in test.parquet")
     parser.add_argument("--seed", type=int, default=0, help="first train seed; test seeds follow the train seeds")
     parser.add_argument("--output", type=Path, help="folder for train/test.parquet (default data/sft/<env>)")
+    parser.add_argument("--describe-state", action="store_true",
+                        help="the expert's thought first says where things are (the env's describe(); Sokoban: "
+                             "the rows and columns of the player, box and target), then names its actions")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. agent_proxy.max_turn=3")
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 0:
@@ -143,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not seeds:
             continue
         start = time.perf_counter()
-        table = expert_episodes(load_config(args.env, args.overrides), seeds, split)
+        table = expert_episodes(load_config(args.env, args.overrides), seeds, split, args.describe_state)
         write_parquet(table, output / f"{split}.parquet")
         success = np.mean(table.column("success").to_pylist())
         tokens = sum(len(ids) for ids in table.column("input_ids").to_pylist())

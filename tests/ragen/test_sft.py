@@ -77,6 +77,23 @@ def test_the_oracle_plays_the_first_moves_of_a_bfs_solution(bundled_model_path):
     assert all(len(turn["actions"]) <= 2 for turn in json.loads(row["turns"]))  # max_actions_per_turn
 
 
+def test_describe_state_puts_the_env_description_first_in_the_thought(bundled_model_path, tokenizer):
+    cfg = load_config("sokoban")
+    rows = expert_episodes(cfg, range(20, 24), "train", describe_state=True).to_pylist()
+    plain = expert_episodes(cfg, range(20, 24), "train").to_pylist()
+    env = make_env("sokoban", dict(cfg.custom_envs["SimpleSokoban"].env_config))
+    for row, plain_row in zip(rows, plain):
+        input_ids, loss_mask = replay(row, "sokoban", tokenizer, bundled_model_path)
+        assert row["input_ids"] == input_ids and row["loss_mask"] == loss_mask
+        turns, plain_turns = json.loads(row["turns"]), json.loads(plain_row["turns"])
+        assert [t["actions"] for t in turns] == [t["actions"] for t in plain_turns]  # the same play
+        env.reset(options={"room": turns[0]["state"]})
+        first = plain_turns[0]["response"].removeprefix("<think>")
+        assert turns[0]["response"] == f"<think>{env.describe()} {first}"
+    with pytest.raises(ValueError, match="describe"):
+        expert_episodes(load_config("bandit"), range(0, 1), "train", describe_state=True)
+
+
 @pytest.mark.parametrize("recipe", ["frozen_lake", "bandit", "countdown"])
 def test_every_recipe_with_an_oracle_gets_well_formed_data(recipe, bundled_model_path, tokenizer):
     rows = expert_episodes(load_config(recipe), range(0, 3), "test").to_pylist()

@@ -413,3 +413,21 @@ def test_cell_separator_spaces_the_cells_and_changes_nothing_else():
 def test_config_rejects_a_bad_cell_separator():
     with pytest.raises(ValueError, match="cell_separator"):
         SokobanConfig(cell_separator="  ")
+
+
+@pytest.mark.parametrize("num_boxes", [1, 2])
+def test_describe_names_the_rows_and_columns_of_the_text_state(num_boxes):
+    env = SokobanEnv(SokobanConfig(dim_x=7, dim_y=7, num_boxes=num_boxes, cell_separator=" "))
+    obs, _ = env.reset(seed=11)
+    rows = [row.split(" ") for row in obs.split("\n")]
+
+    def cells(*symbols):  # counted from 1 at the top left, as a reader of the text would
+        return [f"row {r + 1}, column {c + 1}" for r, row in enumerate(rows) for c, s in enumerate(row) if s in symbols]
+
+    text = env.describe()
+    assert text.startswith(f"The player is at {cells('P', 'S')[0]}, ")
+    boxes, targets = " and ".join(cells("X", "√")), " and ".join(cells("O", "√", "S"))
+    if num_boxes == 1:
+        assert text.endswith(f", the box at {boxes}, the target at {targets}.")
+    else:
+        assert text.endswith(f", the boxes at {boxes}, the targets at {targets}.")
