@@ -375,7 +375,7 @@ class SokobanEnv(gymnasium.Env):
         def cells(grid: np.ndarray) -> str:
             return " and ".join(f"row {r + 1}, column {c + 1}" for r, c in zip(*np.nonzero(grid)))
 
-        many = self.config.num_boxes > 1
+        many = self.boxes.sum() > 1  # a loaded room may hold another number of boxes than the config's
         return (f"The player is at row {self.player[0] + 1}, column {self.player[1] + 1}, "
                 f"the box{'es' if many else ''} at {cells(self.boxes)}, "
                 f"the target{'s' if many else ''} at {cells(self.targets)}.")

@@ -89,6 +89,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False) -> pa.Table:
     """One row per seed: the oracle's episode from that start state, as the RL loop records it."""
+    if describe_state and not cfg.agent_proxy.enable_think:
+        raise ValueError("--describe-state writes the description into the thought: it needs "
+                         "agent_proxy.enable_think=true")
     cfg = copy.deepcopy(cfg)  # the batches below rewrite its env groups and seed
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)

@@ -92,6 +92,9 @@ def test_describe_state_puts_the_env_description_first_in_the_thought(bundled_mo
         assert turns[0]["response"] == f"<think>{env.describe()} {first}"
     with pytest.raises(ValueError, match="describe"):
         expert_episodes(load_config("bandit"), range(0, 1), "train", describe_state=True)
+    with pytest.raises(ValueError, match="enable_think"):
+        expert_episodes(load_config("sokoban", ["agent_proxy.enable_think=false"]), range(0, 1), "train",
+                        describe_state=True)
 
 
 @pytest.mark.parametrize("recipe", ["frozen_lake", "bandit", "countdown"])

@@ -429,5 +429,7 @@ def test_describe_names_the_rows_and_columns_of_the_text_state(num_boxes):
     boxes, targets = " and ".join(cells("X", "√")), " and ".join(cells("O", "√", "S"))
     if num_boxes == 1:
         assert text.endswith(f", the box at {boxes}, the target at {targets}.")
+        env.reset(options={"room": "######\n#PXXO#\n#__O_#\n######"})  # the room's boxes count, not the config's
+        assert "the boxes at row 2, column 3 and row 2, column 4," in env.describe()
     else:
         assert text.endswith(f", the boxes at {boxes}, the targets at {targets}.")
