@@ -93,15 +93,16 @@ def leave_stale_gradients(group: LocalWorkerGroup) -> None:
         p.grad = torch.ones_like(p)
 
 
-def assert_same_update(before, after_a, after_b, rel: float = 0.05) -> None:
-    """Both updates moved the parameters, and by the same amount up to `rel` of the largest move.
+def assert_same_update(before, after_a, after_b, grad_a, rel: float = 0.01) -> None:
+    """Both updates moved the parameters, and by the same amount up to `rel` of the largest move, wherever the
+    gradient stands well clear of Adam's eps (|g| > 1e-6 = 100 eps).
 
-    Not tighter: Adam's first step is lr * g / (|g| + 1e-8), so where a gradient is ~1e-9 its rounding
-    (~1e-10, from summing micro-batches in another order) moves the parameter by a few percent of lr.
-    The gradients themselves are compared tightly."""
+    Adam's first step is lr * g / (|g| + 1e-8): where |g| is near eps, the rounding of g (~1e-9, from summing
+    micro-batches in another order; the gradients themselves are compared tightly) moves a parameter by a
+    sizeable share of lr. Clear of eps that share is below 1e-3."""
     moved = max((after_a[k] - before[k]).abs().max().item() for k in before)
     assert moved > 1e-4, "the update left the parameters where they were"
-    diff = max((after_a[k] - after_b[k]).abs().max().item() for k in before)
+    diff = max(((after_a[k] - after_b[k]).abs() * (grad_a[k].abs() > 1e-6)).max().item() for k in before)
     assert diff <= rel * moved, f"updates differ by {diff:.3g}, the largest move is {moved:.3g}"
 
 
@@ -159,7 +160,7 @@ def test_actor_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, t
                         rel=1e-5)
     assert metrics_one["actor/grad_norm"] == pytest.approx(metrics_four["actor/grad_norm"], rel=1e-5)
     assert metrics_one["actor/loss"] == pytest.approx(metrics_four["actor/loss"], rel=1e-5)
-    assert_same_update(before, params(one), params(four))
+    assert_same_update(before, params(one), params(four), grads(one))
     rollout_weights = four.worker.rollout.model.state_dict()  # fp32 here, so an exact copy
     assert all(torch.equal(rollout_weights[k], v) for k, v in full_state_dict(four.worker.model).items()), \
         "the rollout engine still samples from the old policy"
@@ -180,7 +181,7 @@ def test_critic_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, 
     assert_same_tensors(hand_value_gradient(initial_model, batch), grads(four), rel=1e-5)
     assert metrics_one["critic/grad_norm"] == pytest.approx(metrics_four["critic/grad_norm"], rel=1e-5)
     assert metrics_one["critic/loss"] == pytest.approx(metrics_four["critic/loss"], rel=1e-5)
-    assert_same_update(before, params(one), params(four))
+    assert_same_update(before, params(one), params(four), grads(one))
 
 
 # ---- alignment ---------------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def test_two_ranks_update_like_one(ray_cluster, tiny_model_path, tokenizer, tmp_
     two.save_checkpoint(str(tmp_path))
     saved = load_file(tmp_path / "model.safetensors")  # rank 0's weights
     assert saved.keys() == before.keys()
-    assert_same_update(before, params(one), saved)
+    assert_same_update(before, params(one), saved, grads(one))
     # rank 1 holds the same policy: every row scored on both ranks gets the same log-prob
     log_probs = two.compute_log_prob(DataProto.concat([batch, batch])).batch["old_log_probs"]
     torch.testing.assert_close(log_probs[4:], log_probs[:4], rtol=0, atol=1e-6)
