@@ -1,7 +1,7 @@
 """Multi-turn rollout speed: a Sokoban batch played by the real AgentProxy / ContextManager / EnvStateManager
 path on one local worker, with the rollout engine's prefix reuse on and off.
 
-    python scripts/benchmark_rollout.py [--engine hf|vllm] [--groups 8] [--group-size 4] [--turns 5]
+    python scripts/benchmark_rollout.py [--engine hf|torch|vllm] [--groups 8] [--group-size 4] [--turns 5]
                                         [--response-length 128] [--prefix-cache on off] [--model ...]
 
 Each configuration plays the same rollout (same start states, same sampling seeds: the agent seeds every
@@ -45,13 +45,14 @@ class TurnStats:
 
 
 class ForwardTimer:
-    """Wall time of every forward of `model`, in call order."""
+    """Wall time of every forward of `model`, in call order: from its input embedding to its LM head (the
+    torch engine runs the layers itself, not `model.forward`)."""
 
     def __init__(self, model: torch.nn.Module):
         self.seconds: list[float] = []
         self._sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
-        model.register_forward_pre_hook(self._start)
-        model.register_forward_hook(self._stop)
+        model.get_input_embeddings().register_forward_pre_hook(self._start)
+        model.get_output_embeddings().register_forward_hook(self._stop)
 
     def _start(self, module, args):
         self._sync()
@@ -89,7 +90,7 @@ class TimedEngine:
 
 
 def play(worker, engine: TimedEngine, agent, label: str) -> None:
-    worker.rollout.sync_weights(worker.model.state_dict())  # a step boundary: no cache from an earlier run
+    worker.rollout.sync_weights(worker.rollout_weights())  # a step boundary: no cache from an earlier run
     engine.turns.clear()
     start = time.perf_counter()
     rollout = agent.rollout(step=0)
@@ -115,7 +116,7 @@ def play(worker, engine: TimedEngine, agent, label: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", default="hf", help="actor_rollout_ref.rollout.name: hf | vllm")
+    parser.add_argument("--engine", default="hf", help="actor_rollout_ref.rollout.name: hf | torch | vllm")
     parser.add_argument("--model", default="bundled:SmolLM2-135M-Instruct")
     parser.add_argument("--groups", type=int, default=8, help="start states (es_manager.train.env_groups)")
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per start state")

@@ -66,7 +66,9 @@ class ValKwargs:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"  # rollout engine: hf (transformers generate) | vllm (optional extra)
+    # rollout engine: torch (our decode loop over the model's HF layers; Llama, Qwen2/3, Mistral) |
+    # hf (transformers generate; any model) | vllm (optional extra)
+    name: str = "torch"
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k

@@ -1,8 +1,9 @@
 from verl.workers.rollout.base import RolloutEngine, SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
+from verl.workers.rollout.torch_rollout import TorchRollout
 from verl.workers.rollout.vllm_rollout import VLLMRollout  # imports vllm only when an engine is built
 
 # actor_rollout_ref.rollout.name -> engine class
-ROLLOUT_ENGINES: dict[str, type] = {"hf": HFRollout, "vllm": VLLMRollout}
+ROLLOUT_ENGINES: dict[str, type] = {"hf": HFRollout, "torch": TorchRollout, "vllm": VLLMRollout}
 
-__all__ = ["ROLLOUT_ENGINES", "HFRollout", "RolloutEngine", "SamplingParams", "VLLMRollout"]
+__all__ = ["ROLLOUT_ENGINES", "HFRollout", "RolloutEngine", "SamplingParams", "TorchRollout", "VLLMRollout"]
