@@ -102,7 +102,8 @@ class HFRollout:
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         if int(real.sum()) * PrefixCache.position_bytes(layers) <= self.prefix_cache_max_bytes:
             token_ids = token_ids[:, :-1]
-            self._cache = PrefixCache(*zip(*(PrefixCache.row(layers, i, token_ids[i], real[i]) for i in range(len(kept)))))
+            rows = [PrefixCache.row(layers, i, token_ids[i], real[i]) for i in range(len(kept))]
+            self._cache = PrefixCache(*zip(*rows))
 
     def _cut(self, row: list[int], stop: list[str]) -> list[int]:
         """Drop the padding after a finished row: keep up to its EOS or the end of its stop string.

@@ -63,7 +63,8 @@ class PrefixCache:
         row = int(shared.argmax())
         return row, int(shared[row])
 
-    def select(self, rows: list[int], shared: list[int], extra_columns: int = 0) -> tuple[KV, torch.Tensor, torch.Tensor]:
+    def select(self, rows: list[int], shared: list[int],
+               extra_columns: int = 0) -> tuple[KV, torch.Tensor, torch.Tensor]:
         """The K/V of the given rows cut to their shared prefix, left-aligned in (B, H, W + extra_columns, D)
         zeros (W = max(shared)), their token ids (B, W) and the mask (B, W) of the positions each row attends."""
         width = max(shared)
