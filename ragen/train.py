@@ -64,6 +64,7 @@ def run(cfg: RagenConfig) -> None:
         mini_batch = np.lcm(actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size if use_critic else 1)
         PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
                    tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
+                   on_policy_batch=actor.ppo_mini_batch_size if actor.ppo_epochs == 1 else 0,
                    on_records=trajectory_pages(cfg)).fit()
     if "jsonl" in cfg.trainer.logger:
         print("learning curves: " + " ".join(str(p) for p in plot_run(cfg.trainer.default_local_dir)), flush=True)

@@ -60,7 +60,8 @@ class RecordingWorkers:
             if method == "compute_values":
                 return DataProto(batch={"values": torch.full((len(data), 3), 0.25)})
             if method == "update_actor":
-                assert {"advantages", "old_log_probs", "adv_mask"} <= data.batch.keys()
+                assert {"advantages", "adv_mask"} <= data.batch.keys()
+                self.update_keys = set(data.batch.keys())
                 return {"actor/pg_loss": 0.0}
             if method == "update_critic":
                 assert {"returns", "values", "adv_mask"} <= data.batch.keys()
@@ -69,14 +70,15 @@ class RecordingWorkers:
 
 
 def make_trainer(tmp_path, rewards, group_size=2, algorithm=None, rollout=None, critic=True, use_reference=False,
-                 steps=1, critic_warmup=0, samples_multiple=1):
+                 steps=1, critic_warmup=0, samples_multiple=1, on_policy_batch=0):
     calls = []
     config = TrainerConfig(total_training_steps=steps, critic_warmup=critic_warmup, default_local_dir=str(tmp_path),
                            rollout_data_dir=None, logger=["jsonl"])
     trainer = PPOTrainer(config, algorithm or AlgorithmConfig(), rollout or RolloutConfig(rollout_filter_ratio=1.0),
                          RecordingWorkers(calls, "actor"), RecordingWorkers(calls, "critic") if critic else None,
                          ScriptedAgent(rollout_batch(rewards, group_size)), Tracking(["jsonl"], str(tmp_path)),
-                         use_reference=use_reference, samples_multiple=samples_multiple)
+                         use_reference=use_reference, samples_multiple=samples_multiple,
+                         on_policy_batch=on_policy_batch)
     return trainer, calls
 
 
@@ -93,6 +95,19 @@ def test_without_critic_or_reference_those_stages_do_not_run(tmp_path):
     trainer, calls = make_trainer(tmp_path, [1.0, 0.0], algorithm=AlgorithmConfig(adv_estimator="grpo"), critic=False)
     trainer.fit()
     assert [what for _, what, _ in calls] == ["compute_log_prob", "update_actor", "save_checkpoint"]
+
+
+@pytest.mark.parametrize("on_policy_batch, kl_in_reward, scored", [
+    (0, False, True), (3, False, True),  # 4 trajectories: more than one on-policy mini-batch
+    (4, False, False), (8, False, False),  # one mini-batch of one epoch: the sampling policy is the current one
+    (4, True, True)])  # the KL penalty in the reward needs the old log-probs
+def test_old_log_probs_are_scored_unless_the_update_is_on_policy(tmp_path, on_policy_batch, kl_in_reward, scored):
+    algorithm = AlgorithmConfig(adv_estimator="grpo", use_kl_in_reward=kl_in_reward)
+    trainer, calls = make_trainer(tmp_path, [1.0, 0.0, 0.0, 1.0], algorithm=algorithm, critic=False,
+                                  use_reference=kl_in_reward, on_policy_batch=on_policy_batch)
+    trainer.fit()
+    assert ("compute_log_prob" in [what for _, what, _ in calls]) == scored
+    assert ("old_log_probs" in trainer.actor_rollout_wg.update_keys) == scored
 
 
 def test_critic_warmup_skips_the_actor_update(tmp_path):

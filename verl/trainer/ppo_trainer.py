@@ -33,15 +33,18 @@ class PPOTrainer:
     def __init__(self, config: TrainerConfig, algorithm: AlgorithmConfig, rollout_config: RolloutConfig,
                  actor_rollout_wg, critic_wg, agent: RolloutProducer, tracker: Tracking,
                  val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1,
-                 on_records: Callable[[list[dict], str, int], None] | None = None):
+                 on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None):
         """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
         many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps.
+        `on_policy_batch`: a batch of at most this many trajectories is one actor step on the policy that
+        sampled it (one PPO epoch, one mini-batch), so its old log-probs are the current ones and no pass
+        computes them (TRL and veRL skip it too); 0 computes them always.
         `on_records(records, split, step)` sees every rollout's records once saved (the HTML browser)."""
         self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
         self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
-        self.on_records = on_records
+        self.on_records, self.on_policy_batch = on_records, on_policy_batch
         ctrl = algorithm.kl_ctrl
         self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
@@ -61,8 +64,9 @@ class PPOTrainer:
                 records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
                 batch, filter_metrics = self.filter(rollout.batch.union(records))
                 batch = self.balance(batch)
-                with timed("old_log_prob", metrics):
-                    batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+                if len(batch) > self.on_policy_batch or self.algorithm.use_kl_in_reward:
+                    with timed("old_log_prob", metrics):
+                        batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
                 if self.use_reference:
                     with timed("ref", metrics):
                         batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))

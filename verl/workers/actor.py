@@ -130,8 +130,10 @@ class ActorRolloutRefWorker(Worker):
         aggregate = LOSS_AGG_MODES[cfg.loss_agg_mode]
         log_probs, entropy = token_log_probs(self.model, batch, with_entropy=True,
                                              temperature=self.config.rollout.temperature)
+        # without old log-probs the batch is on-policy (the trainer's on_policy_batch): ratio 1, gradient of log p
+        old_log_probs = batch["old_log_probs"] if "old_log_probs" in batch else log_probs.detach()
         pg_losses, pg_metrics = compute_policy_loss(
-            log_probs=log_probs, old_log_probs=batch["old_log_probs"], advantages=batch["advantages"],
+            log_probs=log_probs, old_log_probs=old_log_probs, advantages=batch["advantages"],
             loss_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c)
         (pg_loss, units), (entropy_sum, _) = aggregate(pg_losses, mask), aggregate(entropy, mask)

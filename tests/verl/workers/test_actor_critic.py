@@ -166,6 +166,17 @@ def test_actor_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, t
         "the rollout engine still samples from the old policy"
 
 
+def test_an_on_policy_update_needs_no_old_log_probs(tiny_model_path, tokenizer):
+    """One epoch over one mini-batch: scoring the old log-probs first changes nothing but the time it takes."""
+    scored, unscored = (local_actor(tiny_model_path, grad_clip=1e9, temperature=0.7) for _ in range(2))
+    batch = make_batch(tokenizer)
+    before = params(scored)
+    scored.update_actor(batch.union(scored.compute_log_prob(batch)))
+    unscored.update_actor(batch)
+    assert_same_tensors(grads(scored), grads(unscored), rel=1e-5)
+    assert_same_update(before, params(scored), params(unscored), grads(scored))
+
+
 def test_critic_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, tokenizer):
     one, four = (local_critic(tiny_model_path, ppo_micro_batch_size_per_gpu=micro, grad_clip=1e9)
                  for micro in (1, 4))
