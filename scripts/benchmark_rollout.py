@@ -88,6 +88,9 @@ class TimedEngine:
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.engine.sync_weights(state_dict)
 
+    def clear_cache(self) -> None:
+        self.engine.clear_cache()
+
 
 def play(worker, engine: TimedEngine, agent, label: str) -> None:
     worker.rollout.sync_weights(worker.rollout_weights())  # a step boundary: no cache from an earlier run

@@ -82,6 +82,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO epochs over mini-batches; each mini-batch is one optimizer step, accumulated over micro-batches."""
         cfg = self.config.actor
+        self.rollout.clear_cache()  # the last turn's K/V (~1 GB on the CPU recipes): stale after the update
         metrics = ppo_update(self.model, self.optimizer, data, self._policy_loss,
                              mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
                              micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,

@@ -17,6 +17,7 @@ from verl.utils.fsdp import full_state_dict
 from verl.utils.model import load_value_model
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
+from verl.workers.rollout import SamplingParams
 
 LENGTHS = (12, 7, 10, 5)  # right-padded to 12
 # generated spans [start, end) per sequence; the rest is prompt, environment (8..10 of the first) or pad
@@ -175,6 +176,21 @@ def test_an_on_policy_update_needs_no_old_log_probs(tiny_model_path, tokenizer):
     unscored.update_actor(batch)
     assert_same_tensors(grads(scored), grads(unscored), rel=1e-5)
     assert_same_update(before, params(scored), params(unscored), grads(scored))
+
+
+def test_the_engines_prefix_cache_is_freed_before_the_update(tiny_model_path, tokenizer, monkeypatch):
+    import verl.workers.actor as actor_module
+
+    actor = local_actor(tiny_model_path)
+    engine = actor.worker.rollout
+    engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=4, seed=0))
+    assert engine._cache is not None
+    held_during_update = []
+    update = actor_module.ppo_update
+    monkeypatch.setattr(actor_module, "ppo_update",
+                        lambda *args, **kwargs: held_during_update.append(engine._cache) or update(*args, **kwargs))
+    actor.update_actor(make_batch(tokenizer))
+    assert held_during_update == [None]
 
 
 def test_critic_update_does_not_depend_on_the_micro_batch_size(tiny_model_path, tokenizer):

@@ -27,3 +27,7 @@ class RolloutEngine(Protocol):
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the policy's current weights; every later `generate` samples from them."""
+
+    def clear_cache(self) -> None:
+        """Drop what the engine keeps between calls (the prefix K/V): the actor frees it before an update,
+        which makes it stale anyway."""

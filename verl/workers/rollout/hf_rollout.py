@@ -43,8 +43,11 @@ class HFRollout:
 
     @torch.no_grad()
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self._cache = None  # K/V computed by the old weights
+        self.clear_cache()  # K/V computed by the old weights
         self.model.load_state_dict(state_dict, strict=True)  # copy_ casts fp32 -> rollout dtype
+
+    def clear_cache(self) -> None:
+        self._cache = None
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[list[int]]:

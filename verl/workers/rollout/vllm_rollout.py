@@ -78,6 +78,9 @@ class VLLMRollout:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # its K/V were computed by the old weights
 
+    def clear_cache(self) -> None:
+        self.llm.reset_prefix_cache()  # vLLM's K/V memory stays allocated; the cached blocks are released
+
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[list[int]]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
