@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="training steps to run")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides passed to train.sh")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
 
     run_dir = tempfile.mkdtemp(prefix=f"memory_{args.recipe}_")
     command = ["bash", "train.sh", args.recipe, f"trainer.total_training_steps={args.steps}",
