@@ -57,12 +57,8 @@ class HFRollout:
         cache, self._cache = self._cache, None  # freed as soon as the rows are selected
         history, history_ids, history_mask, shared = take_history(cache, prompt_ids)
         chunks = [ids[n:] for ids, n in zip(prompt_ids, shared)]  # what the cache does not hold yet
-        width = max(len(c) for c in chunks)
-        input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)  # (B, C) left-padded
-        chunk_mask = torch.zeros_like(input_ids)
-        for i, ids in enumerate(chunks):
-            input_ids[i, width - len(ids):] = torch.tensor(ids)
-            chunk_mask[i, width - len(ids):] = 1
+        input_ids, chunk_mask = left_padded(chunks, pad_id)  # (B, C) each
+        width = input_ids.shape[1]
         attention_mask = torch.cat([history_mask, chunk_mask], dim=1)  # (B, H + C)
         greedy = sampling.temperature == 0
         output = self.model.generate(
@@ -123,7 +119,24 @@ class HFRollout:
             for i, token in enumerate(row[:end]):
                 piece = self.tokenizer.decode([token])
                 text += piece
-                # a new match must end inside this piece: search only the tail, not the whole text again
-                if any(s in text[-(len(s) + len(piece)):] for s in stop):
+                if stop_ends_in(text, piece, stop):
                     return row[: i + 1]
         return row[:end]
+
+
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows right-aligned in a (B, C) matrix of `pad_id`, C the longest row, and the mask (B, C) of the
+    real tokens (long: 1 real, 0 padding)."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def stop_ends_in(text: str, piece: str, stop: list[str]) -> bool:
+    """Whether a stop string ends inside `piece`, the last piece of `text`. A new match must end there, so
+    only the tail is searched, not the whole text again."""
+    return any(s in text[-(len(s) + len(piece)):] for s in stop)

@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from verl.workers.rollout.base import SamplingParams
-from verl.workers.rollout.hf_rollout import CACHE_FIELD, HFRollout
+from verl.workers.rollout.hf_rollout import CACHE_FIELD, HFRollout, left_padded, stop_ends_in
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
 
 # decoder layers called as layer(hidden, attention_mask, position_embeddings, cache) that keep their K/V in
@@ -95,7 +95,6 @@ class TorchRollout(HFRollout):
                              f"layers; this one is {config.model_type!r}: set actor_rollout_ref.rollout.name=hf")
         self.model.set_attn_implementation("ragen_grouped")
         self.decoder = self.model.get_decoder()
-        config = self.model.config
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
@@ -154,15 +153,14 @@ class TorchRollout(HFRollout):
         cache, self._cache = self._cache, None  # freed as soon as the rows are selected
         history, history_ids, history_mask, shared = take_history(cache, prompt_ids, decode_room=max_new)
         chunks = [ids[n:] for ids, n in zip(prompt_ids, shared)]  # what the cache does not hold yet
-        batch, start, width = len(prompt_ids), history_mask.shape[1], max(len(c) for c in chunks)
+        chunk_ids, chunk_mask = left_padded(chunks, self.tokenizer.pad_token_id)  # (B, C) each
+        batch, start, width = len(prompt_ids), history_mask.shape[1], chunk_ids.shape[1]
         total = start + width + max_new
         slots = SlotCache(history or self._empty_buffers(batch, total))
         token_ids = torch.full((batch, total), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
         mask = torch.zeros((batch, total), dtype=torch.bool)  # the positions each row attends
         token_ids[:, :start], mask[:, :start] = history_ids, history_mask.bool()
-        for i, ids in enumerate(chunks):  # left-padded after the history
-            token_ids[i, start + width - len(ids): start + width] = torch.tensor(ids)
-            mask[i, start + width - len(ids): start + width] = True
+        token_ids[:, start:start + width], mask[:, start:start + width] = chunk_ids, chunk_mask.bool()
         # the new columns attend the real history and, causally, the real new columns
         end = start + width
         positions = (mask[:, :end].long().cumsum(1) - 1).clamp(min=0)  # (B, T) as in a fresh encoding
@@ -225,8 +223,7 @@ class TorchRollout(HFRollout):
             return False
         piece = self.tokenizer.decode([token])
         texts[row] += piece
-        # a new match must end inside this piece: search only the tail, not the whole text again
-        return any(s in texts[row][-(len(s) + len(piece)):] for s in sampling.stop)
+        return stop_ends_in(texts[row], piece, sampling.stop)
 
     def _keep_rows(self, slots: SlotCache, buffer_rows: torch.Tensor, live: torch.Tensor, token_ids: torch.Tensor,
                    mask: torch.Tensor, responses: list[list[int]], fed: torch.Tensor, end: int) -> list:
