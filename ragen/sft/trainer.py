@@ -35,7 +35,7 @@ from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
 from verl.single_controller import Worker
 from verl.trainer.config import ModelConfig, OptimConfig
-from verl.utils.fsdp import full_state_dict
+from verl.utils.fsdp import full_state_dict, reshard
 from verl.utils.lora import merge_lora, save_adapter
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.utils.tracking import Tracking
@@ -234,7 +234,7 @@ class SFTTrainer(Worker):
             if rows[start:start + micro]:
                 totals[0] -= (log_probs * batch["loss_mask"]).sum().item()
                 totals[1] += batch["loss_mask"].sum().item()
-        self.model.reshard()
+        reshard(self.model)
         if self.generator is not None:
             lora = self.cfg.lora
             weights = merge_lora(full_state_dict(self.model), lora.alpha / lora.rank)  # a collective

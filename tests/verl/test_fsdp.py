@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verl.utils.fsdp import (clip_grad_norm, full_state_dict, init_single_rank_group, load_full_state_dict,
-                             load_sharded_state, save_sharded_state, shard_model)
-from verl.utils.model import load_causal_lm, load_value_model
+                             load_sharded_state, reshard, save_sharded_state, shard_model)
+from verl.utils.model import load_causal_lm, load_value_model, untied
 
 BATCH_SIZE, SEQ_LEN, MICRO_BATCH_SIZE = 8, 10, 2  # per rank: 8 / world_size sequences, in micro-batches of 2
 LR, GRAD_CLIP = 1e-3, 0.5  # the clip binds (norms are ~2), so a wrong, per-rank norm would show
@@ -160,10 +160,10 @@ def full_weights_at_each_stage(model_path: str, save_dir: str) -> dict:
     model, _ = load("actor", model_path, param_dtype="bfloat16")
     stages = {"sharded": full_state_dict(model)}
     model.eval()
-    with torch.no_grad():  # scoring leaves the root unit's weights gathered until reshard()
+    with torch.no_grad():  # scoring leaves weights gathered until reshard()
         model(input_ids=torch.arange(6)[None])
     stages["after_no_grad_forward"] = full_state_dict(model)
-    model.reshard()
+    reshard(model)
     resharded = all(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
 
     other, _ = load("actor", model_path, param_dtype="float32")
@@ -178,11 +178,14 @@ def full_weights_at_each_stage(model_path: str, save_dir: str) -> dict:
     return {"stages": stages, "resharded": resharded}
 
 
-def test_full_state_dict_is_the_original_weights_on_every_rank(tiny_model_path, tmp_path):
-    original = load_causal_lm(tiny_model_path).state_dict()
-    for rank_result in run_on_ranks(2, full_weights_at_each_stage, tiny_model_path, str(tmp_path)):
+@pytest.mark.parametrize("ranks", [1, 2])  # alone, a rank keeps every unit gathered from forward to backward
+def test_full_state_dict_is_the_original_weights_on_every_rank(tiny_model_path, tmp_path, ranks):
+    model = load_causal_lm(tiny_model_path)
+    original = untied(model.state_dict(), model.config)  # one rank leaves a tied head out, two gather it
+    for rank_result in run_on_ranks(ranks, full_weights_at_each_stage, tiny_model_path, str(tmp_path)):
         assert rank_result["resharded"]
         for stage, weights in rank_result["stages"].items():
+            weights = untied(weights, model.config)
             assert weights.keys() == original.keys(), stage
             for name, weight in original.items():
                 assert torch.equal(weights[name], weight), (stage, name)  # fp32, exact, despite bf16 compute

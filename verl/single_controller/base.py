@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.utils import memory
 from verl.utils.fsdp import init_single_rank_group
 
 ONE_TO_ALL = "one_to_all"
@@ -43,6 +44,7 @@ class Worker:
             # Ray pins actors with fractional CPUs to one thread; share the cores this process may run on
             # (all of the machine's, or those `taskset` gave it) instead.
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))
+            memory.keep_freed_blocks()
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         if world_size == 1:  # FSDP shards over a group even alone: one code path for any number of ranks
             init_single_rank_group(self.backend)

@@ -25,7 +25,7 @@ from verl.trainer.config import ActorRolloutRefConfig, LoraConfig, ModelConfig
 from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
 from verl.utils import memory
 from verl.utils.checkpoint import load_train_state, save_train_state
-from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
+from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
 from verl.utils.model import (attention_implementation, enable_activation_checkpointing, last_hidden_states,
                               load_causal_lm, load_tokenizer, read_weights, untied)
@@ -155,7 +155,7 @@ class ActorRolloutRefWorker(Worker):
         log_probs = score_micro_batches(
             data, self.config.rollout.log_prob_micro_batch_size_per_gpu, self.device,
             lambda micro: token_log_probs(model, micro, with_entropy=False, temperature=temperature)[0])
-        model.reshard()  # no backward follows: free the root's gathered weights
+        reshard(model)  # no backward follows: free the gathered weights
         return log_probs
 
 

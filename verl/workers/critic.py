@@ -11,7 +11,7 @@ from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import CriticConfig
 from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
-from verl.utils.fsdp import full_state_dict, load_full_state_dict, shard_model
+from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.model import attention_implementation, enable_activation_checkpointing, load_value_model, read_weights
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 
@@ -36,7 +36,7 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto:
         self.model.eval()
         values = score_micro_batches(data, self.config.forward_micro_batch_size_per_gpu, self.device, self._forward)
-        self.model.reshard()  # no backward follows: free the root's gathered weights
+        reshard(self.model)  # no backward follows: free the gathered weights
         return DataProto(batch={"values": values})
 
     @register(DATA_PARALLEL)

@@ -1,0 +1,93 @@
+"""How a training step's time grows with the turns of a trajectory and with the batch, on one recipe:
+
+    python scripts/benchmark_cost_growth.py [--recipe sokoban] [--turns 1 2 3 4 5] [--batch 4 8 16 32]
+                                            [--fixed-turns 3] [--fixed-batch 8] [--out public/cost_growth.png]
+
+Each point is one `python -m ragen.train` run of 2 steps (step 1 warms up; step 2 is reported) at
+`agent_proxy.max_turn=<turns>` and `es_manager.train.env_groups=<batch / 4>` (groups of 4), every other key
+the recipe's. Episodes run their full turns (the action budget is lifted, successes are rare) and every
+step updates (the zero-variance skip is off), so that the points differ only in size. Printed per run: the
+step's wall time and its stages, the tokens generated and the tokens updated; the figure plots step time
+and its generation and update parts against generated tokens, one panel for the turns sweep and one for
+the batch sweep, with a least-squares line through the origin: linear growth lies on it, a quadratic
+prefill would bend above it.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+GROUP = 4
+
+
+def run_step(recipe: str, turns: int, batch: int, overrides: list[str]) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"growth_{turns}x{batch}_"))
+    command = [sys.executable, "-m", "ragen.train", "--config-name", recipe, "trainer.total_training_steps=2",
+               f"agent_proxy.max_turn={turns}", f"es_manager.train.env_groups={batch // GROUP}",
+               f"es_manager.train.group_size={GROUP}", "custom_envs.SimpleSokoban.max_actions_per_traj=1000",
+               "algorithm.skip_zero_variance_batches=false", "trainer.val_before_train=false", "trainer.test_freq=-1",
+               "trainer.save_freq=-1", "trainer.logger=[jsonl]", "logging.log_images=false",
+               f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra", *overrides]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    m = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    update = sum(v for k, v in m.items() if k in ("timing_s/old_log_prob", "timing_s/update_actor",
+                                                   "timing_s/ref", "timing_s/values", "timing_s/update_critic"))
+    row = {"turns": turns, "batch": batch, "step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"],
+           "update_s": update, "generated_tokens": m["perf/generated_tokens"], "update_tokens": m["perf/update_tokens"]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def plot(turn_rows: list[dict], batch_rows: list[dict], out: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, rows, label in [(axes[0], turn_rows, "turns"), (axes[1], batch_rows, "batch")]:
+        tokens = np.array([r["generated_tokens"] for r in rows], dtype=float)
+        for key, name, color in [("step_s", "step", "black"), ("gen_s", "generation", "tab:blue"),
+                                 ("update_s", "update (old log-probs + actor)", "tab:orange")]:
+            seconds = np.array([r[key] for r in rows])
+            slope = float(tokens @ seconds / (tokens @ tokens))  # least squares through the origin
+            ax.plot(tokens, seconds, "o", color=color, label=f"{name}: {1000 * slope:.1f} ms / generated token")
+            ax.plot([0, tokens.max()], [0, slope * tokens.max()], "--", color=color, linewidth=0.8)
+            for r, x, y in zip(rows, tokens, seconds):
+                if key == "step_s":
+                    ax.annotate(f"{r[label]}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_xlabel("tokens generated in the step")
+        ax.set_title(f"{label} sweep (points labelled by {label})")
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("seconds")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="sokoban")
+    parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--batch", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--fixed-turns", type=int, default=3, help="turns during the batch sweep")
+    parser.add_argument("--fixed-batch", type=int, default=8, help="trajectories during the turns sweep")
+    parser.add_argument("--out", default="public/cost_growth.png")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = parser.parse_intermixed_args()
+    if any(b % GROUP for b in [*args.batch, args.fixed_batch]):
+        parser.error(f"batch sizes must be multiples of the group size {GROUP}")
+
+    turn_rows = [run_step(args.recipe, t, args.fixed_batch, args.overrides) for t in args.turns]
+    batch_rows = [run_step(args.recipe, args.fixed_turns, b, args.overrides) for b in args.batch]
+    plot(turn_rows, batch_rows, args.out, f"{args.recipe}: step time against generated tokens "
+         f"(turns sweep at batch {args.fixed_batch}, batch sweep at {args.fixed_turns} turns)")
+
+
+if __name__ == "__main__":
+    main()
