@@ -1,6 +1,6 @@
 """How a training step's time grows with the turns of a trajectory and with the batch, on one recipe:
 
-    python scripts/benchmark_cost_growth.py [--recipe sokoban] [--turns 1 2 3 4 5] [--batch 4 8 16 32]
+    python scripts/benchmark_cost_growth.py [--recipe sokoban] [--turns 1 2 3 4 5] [--batch 8 16 24 32]
                                             [--fixed-turns 3] [--fixed-batch 8] [--out public/cost_growth.png]
 
 Each point is one `python -m ragen.train` run of 2 steps (step 1 warms up; step 2 is reported) at
@@ -74,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="sokoban")
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    parser.add_argument("--batch", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 16, 24, 32])
     parser.add_argument("--fixed-turns", type=int, default=3, help="turns during the batch sweep")
     parser.add_argument("--fixed-batch", type=int, default=8, help="trajectories during the turns sweep")
     parser.add_argument("--out", default="public/cost_growth.png")

@@ -1,13 +1,19 @@
 """Multi-turn rollout speed: a Sokoban batch played by the real AgentProxy / ContextManager / EnvStateManager
 path on one local worker, with the rollout engine's prefix reuse on and off.
 
-    python scripts/benchmark_rollout.py [--engine hf|torch|vllm] [--groups 8] [--group-size 4] [--turns 5]
+    python scripts/benchmark_rollout.py [--engine torch vllm hf] [--groups 8] [--group-size 4] [--turns 5]
                                         [--response-length 128] [--prefix-cache on off] [--model ...]
+                                        [--vllm-python .venv-vllm/bin/python]
+
+Several engines run one after the other, each in a process of its own (vLLM under `--vllm-python`, the
+environment `scripts/install_vllm_cpu.sh` builds), and a table compares them at the end.
 
 Each configuration plays the same rollout (same start states, same sampling seeds: the agent seeds every
 turn), so on and off differ only by the engine's numerics (bf16 sums in another order may flip a sample).
-Printed: generated tokens, rollout wall time, generated tokens/s, and per turn the batch size, prompt
-lengths, the prompt tokens taken from the prefix cache, time in `generate` and the share of it in prefill.
+Printed: generated tokens, rollout wall time, generated tokens/s and its share of the compute bound (the
+bf16 matmul peak measured here over the matmul FLOPs of one token through the weights: a batch of
+one-token rows that computes nothing else), and per turn the batch size, prompt lengths, the prompt tokens
+taken from the prefix cache, time in `generate` and the share of it in prefill.
 
 Prefill is measured, not estimated, for engines that run an HF model (`engine.model`): every forward of
 the model is timed with hooks, and the first forward of each `generate` call, the one over the prompt
@@ -19,7 +25,10 @@ the load average (above the number of torch threads means the cores were shared)
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -31,6 +40,8 @@ from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.rollout import SamplingParams
+
+from benchmark_vs_trl import layer_flops_per_token, matmul_peak
 
 
 @dataclass
@@ -92,7 +103,16 @@ class TimedEngine:
         self.engine.clear_cache()
 
 
-def play(worker, engine: TimedEngine, agent, label: str) -> None:
+def compute_bound(model_path: str) -> float:
+    """Generated tokens/s if every FLOP were a weight matmul at this machine's bf16 peak."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    per_token = layer_flops_per_token(config) * config.num_hidden_layers + 2 * config.hidden_size * config.vocab_size
+    return matmul_peak() / per_token
+
+
+def play(worker, engine: TimedEngine, agent, label: str, bound: float) -> None:
     worker.rollout.sync_weights(worker.rollout_weights())  # a step boundary: no cache from an earlier run
     engine.turns.clear()
     start = time.perf_counter()
@@ -102,8 +122,10 @@ def play(worker, engine: TimedEngine, agent, label: str) -> None:
     generated = sum(t.generated_tokens for t in turns)
     in_generate = sum(t.seconds for t in turns)
     print(f"\n== {label}: {len(turns)} turns, {generated} generated tokens in {wall:.1f} s: "
-          f"{generated / wall:.1f} tokens/s ({generated / in_generate:.1f} tokens/s inside generate); "
+          f"{generated / wall:.1f} tokens/s ({generated / in_generate:.1f} tokens/s inside generate), "
+          f"{generated / wall / bound:.1%} of the compute bound ({bound:.0f} tokens/s); "
           f"success {rollout.metrics['rollout/success_rate']:.2f}; load average {os.getloadavg()[0]:.1f}")
+    print("SUMMARY " + json.dumps({"label": label, "tokens_per_s": generated / wall, "bound": bound}), flush=True)
     prefill = [t.prefill_seconds for t in turns]
     if None not in prefill:
         print(f"   prefill {sum(prefill):.1f} s = {sum(prefill) / in_generate:.1%} of generate")
@@ -119,7 +141,10 @@ def play(worker, engine: TimedEngine, agent, label: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", default="hf", help="actor_rollout_ref.rollout.name: hf | torch | vllm")
+    parser.add_argument("--engine", nargs="+", default=["torch"],
+                        help="actor_rollout_ref.rollout.name, one or several: torch | hf | vllm")
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+                        help="the interpreter of vLLM's environment, for --engine vllm beside other engines")
     parser.add_argument("--model", default="bundled:SmolLM2-135M-Instruct")
     parser.add_argument("--groups", type=int, default=8, help="start states (es_manager.train.env_groups)")
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per start state")
@@ -127,6 +152,9 @@ def main() -> None:
     parser.add_argument("--response-length", type=int, default=128, help="max new tokens per turn")
     parser.add_argument("--prefix-cache", nargs="+", choices=["on", "off"], default=["on", "off"])
     args = parser.parse_args()
+    if len(args.engine) > 1:
+        return compare(args)
+    args.engine = args.engine[0]
 
     batch = args.groups * args.group_size
     cfg = load_config("sokoban", [
@@ -148,12 +176,31 @@ def main() -> None:
           f"{cfg.actor_rollout_ref.rollout.temperature}, torch threads {torch.get_num_threads()}")
 
     engine.engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, seed=0))  # warm-up, untimed
+    bound = compute_bound(cfg.actor_rollout_ref.model.path)
     if not hasattr(engine.engine, "prefix_cache"):
-        play(worker, engine, agent, f"{args.engine}, its own prefix caching setting")
+        play(worker, engine, agent, f"{args.engine}, its own prefix caching setting", bound)
         return
     for mode in args.prefix_cache:
         engine.engine.prefix_cache = mode == "on"
-        play(worker, engine, agent, f"{args.engine}, prefix reuse {mode}")
+        play(worker, engine, agent, f"{args.engine}, prefix reuse {mode}", bound)
+
+
+def compare(args) -> None:
+    """Each engine in a process of its own, one after the other; then their tokens/s side by side."""
+    summaries = []
+    for engine in args.engine:
+        python = args.vllm_python if engine == "vllm" else sys.executable
+        command = [python, __file__, "--engine", engine, "--model", args.model, "--groups", str(args.groups),
+                   "--group-size", str(args.group_size), "--turns", str(args.turns),
+                   "--response-length", str(args.response_length), "--prefix-cache", *args.prefix_cache]
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        print(output, flush=True)
+        summaries += [json.loads(line[8:]) for line in output.splitlines() if line.startswith("SUMMARY ")]
+    first = summaries[0]["tokens_per_s"]
+    print(f"\n{'run':40s} tokens/s  x first  share of the compute bound")
+    for summary in summaries:
+        print(f"{summary['label']:40s} {summary['tokens_per_s']:8.1f} {summary['tokens_per_s'] / first:8.2f}"
+              f"  {summary['tokens_per_s'] / summary['bound']:.1%}")
 
 
 if __name__ == "__main__":

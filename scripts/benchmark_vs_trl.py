@@ -59,15 +59,21 @@ def matmul_peak(size: int = 2048, repeats: int = 10) -> float:
     return 2 * size ** 3 / best
 
 
+def layer_flops_per_token(config) -> int:
+    """Matmul FLOPs of one token's forward through one decoder layer's weights (attention scores excluded)."""
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    return 2 * (hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size)
+
+
 def update_flops(config, lengths: list[int], scored: int) -> float:
     """Matmul FLOPs of one forward + backward (3x the forward) over sequences of `lengths` tokens, the LM head
     applied at `scored` positions (both frameworks compute logits only at the completion)."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
-    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    per_token_layer = 2 * (hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size)
+    q = config.num_attention_heads * (getattr(config, "head_dim", None) or hidden // config.num_attention_heads)
     attention = sum(2 * 2 * q * n * (n + 1) / 2 for n in lengths) * layers  # QK^T and AV, causal
-    forward = per_token_layer * layers * sum(lengths) + attention + 2 * hidden * config.vocab_size * scored
+    forward = layer_flops_per_token(config) * layers * sum(lengths) + attention + 2 * hidden * config.vocab_size * scored
     return 3 * forward
 
 
