@@ -7,10 +7,11 @@ Each point is one `python -m ragen.train` run of 2 steps (step 1 warms up; step 
 `agent_proxy.max_turn=<turns>` and `es_manager.train.env_groups=<batch / 4>` (groups of 4), every other key
 the recipe's. Episodes run their full turns (the action budget is lifted, successes are rare) and every
 step updates (the zero-variance skip is off), so that the points differ only in size. Printed per run: the
-step's wall time and its stages, the tokens generated and the tokens updated; the figure plots step time
-and its generation and update parts against generated tokens, one panel for the turns sweep and one for
-the batch sweep, with a least-squares line through the origin: linear growth lies on it, a quadratic
-prefill would bend above it.
+step's wall time and its stages, the tokens generated and the tokens updated (saved beside the figure as
+JSON; `--replot` draws the figure again from them). The figure's top row is seconds per stage against
+turns and against batch; its bottom row the cost per token of each stage, generation per generated token
+and update per trained token: flat where a stage grows linearly, rising where it grows faster (a prefill
+over the whole history every turn would make generation's rise with the turns).
 """
 
 import argparse
@@ -42,28 +43,33 @@ def run_step(recipe: str, turns: int, batch: int, overrides: list[str]) -> dict:
 
 
 def plot(turn_rows: list[dict], batch_rows: list[dict], out: str, title: str) -> None:
+    """Top: seconds per stage against turns and against batch. Bottom: the cost per token of each stage
+    (generation per generated token, update per trained token): flat where the growth is linear."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, rows, label in [(axes[0], turn_rows, "turns"), (axes[1], batch_rows, "batch")]:
-        tokens = np.array([r["generated_tokens"] for r in rows], dtype=float)
-        for key, name, color in [("step_s", "step", "black"), ("gen_s", "generation", "tab:blue"),
-                                 ("update_s", "update (old log-probs + actor)", "tab:orange")]:
-            seconds = np.array([r[key] for r in rows])
-            slope = float(tokens @ seconds / (tokens @ tokens))  # least squares through the origin
-            ax.plot(tokens, seconds, "o", color=color, label=f"{name}: {1000 * slope:.1f} ms / generated token")
-            ax.plot([0, tokens.max()], [0, slope * tokens.max()], "--", color=color, linewidth=0.8)
-            for r, x, y in zip(rows, tokens, seconds):
-                if key == "step_s":
-                    ax.annotate(f"{r[label]}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        ax.set_xlabel("tokens generated in the step")
-        ax.set_title(f"{label} sweep (points labelled by {label})")
-        ax.legend(fontsize=8, loc="upper left")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("seconds")
+    stages = [("step_s", "step", "black"), ("gen_s", "generation", "tab:blue"),
+              ("update_s", "update (old log-probs + actor)", "tab:orange")]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
+    for column, rows, key in [(0, turn_rows, "turns"), (1, batch_rows, "batch")]:
+        x = [r[key] for r in rows]
+        for stage, name, color in stages:
+            axes[0, column].plot(x, [r[stage] for r in rows], "o-", color=color, label=name)
+        axes[1, column].plot(x, [1000 * r["gen_s"] / r["generated_tokens"] for r in rows], "o-", color="tab:blue",
+                             label="generation, ms per generated token")
+        axes[1, column].plot(x, [1000 * r["update_s"] / r["update_tokens"] for r in rows], "o-", color="tab:orange",
+                             label="update, ms per trained token (prompts included)")
+        axes[0, column].set_ylabel("seconds per step")
+        axes[1, column].set_ylabel("ms per token")
+        axes[1, column].set_ylim(bottom=0)
+        axes[1, column].set_xlabel("turns per trajectory" if key == "turns" else "trajectories per step")
+        axes[1, column].set_xticks(x)
+        for ax in axes[:, column]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8, loc="upper left")
+    axes[0, 0].set_title("turns sweep")
+    axes[0, 1].set_title("batch sweep")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -77,16 +83,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 16, 24, 32])
     parser.add_argument("--fixed-turns", type=int, default=3, help="turns during the batch sweep")
     parser.add_argument("--fixed-batch", type=int, default=8, help="trajectories during the turns sweep")
-    parser.add_argument("--out", default="public/cost_growth.png")
+    parser.add_argument("--out", default="public/cost_growth.png", help="the figure; its rows go beside it (.json)")
+    parser.add_argument("--replot", action="store_true", help="draw the figure again from the saved rows")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()
     if any(b % GROUP for b in [*args.batch, args.fixed_batch]):
         parser.error(f"batch sizes must be multiples of the group size {GROUP}")
 
-    turn_rows = [run_step(args.recipe, t, args.fixed_batch, args.overrides) for t in args.turns]
-    batch_rows = [run_step(args.recipe, args.fixed_turns, b, args.overrides) for b in args.batch]
-    plot(turn_rows, batch_rows, args.out, f"{args.recipe}: step time against generated tokens "
-         f"(turns sweep at batch {args.fixed_batch}, batch sweep at {args.fixed_turns} turns)")
+    rows_path = Path(args.out).with_suffix(".json")
+    if args.replot:
+        rows = json.loads(rows_path.read_text())
+    else:
+        rows = {"turns": [run_step(args.recipe, t, args.fixed_batch, args.overrides) for t in args.turns],
+                "batch": [run_step(args.recipe, args.fixed_turns, b, args.overrides) for b in args.batch]}
+        rows_path.write_text(json.dumps(rows, indent=1))
+    plot(rows["turns"], rows["batch"], args.out, f"{args.recipe} on 2 CPU cores: one training step "
+         f"(turns sweep at {args.fixed_batch} trajectories, batch sweep at {args.fixed_turns} turns)")
 
 
 if __name__ == "__main__":
