@@ -41,7 +41,7 @@ from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.rollout import SamplingParams
 
-from benchmark_vs_trl import layer_flops_per_token, matmul_peak
+from flops import matmul_peak, weight_flops_per_token
 
 
 @dataclass
@@ -107,9 +107,7 @@ def compute_bound(model_path: str) -> float:
     """Generated tokens/s if every FLOP were a weight matmul at this machine's bf16 peak."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path)
-    per_token = layer_flops_per_token(config) * config.num_hidden_layers + 2 * config.hidden_size * config.vocab_size
-    return matmul_peak() / per_token
+    return matmul_peak() / weight_flops_per_token(AutoConfig.from_pretrained(model_path))
 
 
 def play(worker, engine: TimedEngine, agent, label: str, bound: float) -> None:

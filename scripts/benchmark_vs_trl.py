@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from flops import matmul_peak, update_flops
+
 MODEL = "bundled:SmolLM2-135M-Instruct"
 GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 64, 0.7, 1e-6
 RAGEN_OVERRIDES = [
@@ -47,35 +49,6 @@ RAGEN_OVERRIDES = [
     f"actor_rollout_ref.rollout.temperature={TEMPERATURE}", f"actor_rollout_ref.rollout.response_length={NEW_TOKENS}",
     "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
     "logging.log_images=false"]
-
-
-def matmul_peak(size: int = 2048, repeats: int = 10) -> float:
-    """bf16 GEMM FLOP/s of this machine at its torch thread count (the best of `repeats`)."""
-    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
-
-
-def layer_flops_per_token(config) -> int:
-    """Matmul FLOPs of one token's forward through one decoder layer's weights (attention scores excluded)."""
-    hidden = config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    return 2 * (hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size)
-
-
-def update_flops(config, lengths: list[int], scored: int) -> float:
-    """Matmul FLOPs of one forward + backward (3x the forward) over sequences of `lengths` tokens, the LM head
-    applied at `scored` positions (both frameworks compute logits only at the completion)."""
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    q = config.num_attention_heads * (getattr(config, "head_dim", None) or hidden // config.num_attention_heads)
-    attention = sum(2 * 2 * q * n * (n + 1) / 2 for n in lengths) * layers  # QK^T and AV, causal
-    forward = layer_flops_per_token(config) * layers * sum(lengths) + attention + 2 * hidden * config.vocab_size * scored
-    return 3 * forward
 
 
 def bandit_prompt() -> str:

@@ -76,9 +76,9 @@ def shard_model(model: torch.nn.Module, *, param_dtype: str, cpu_offload: bool) 
                          "so shard_model cannot tell where to cut it into FSDP units")
     # Alone, a rank gathers nothing: its "unsharded" weights are only the bf16 casts, which it keeps from the
     # forward to the backward instead of casting them twice (270 MB held for the 135M model).
-    reshard = dist.get_world_size() > 1
+    several_ranks = dist.get_world_size() > 1
     for block in blocks:
-        fully_shard(block, mp_policy=mixed_precision, offload_policy=offload, reshard_after_forward=reshard)
+        fully_shard(block, mp_policy=mixed_precision, offload_policy=offload, reshard_after_forward=several_ranks)
     fully_shard(model, mp_policy=mixed_precision, offload_policy=offload)  # the root stays gathered after forward
 
     for module in model.modules():

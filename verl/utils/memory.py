@@ -92,10 +92,11 @@ def keep_freed_blocks() -> None:
 
     On a CPU every activation, gradient and K/V buffer is a malloc. By default glibc returns blocks over a
     few MB to the kernel when freed, so the next step's tensors of the same sizes fault their pages in
-    again (the kernel zeroes each one): ~1M page faults an update on the bandit recipe, 10 % of its time
-    (scripts/benchmark_vs_trl.py). Blocks up to 32 MB (glibc's largest mmap threshold) now come from the
-    heap, and the heap is never trimmed: the process keeps its peak, which it reaches again every step
-    anyway. A no-op where the C library is not glibc."""
+    again (the kernel zeroes each one). Measured on the bandit's update (8 rows of ~220 tokens, 2 cores,
+    after a generation, five updates): 3.6 M -> 2.6 M page faults, 7.4 -> 6.6 s an update. Blocks up to
+    32 MB (glibc's largest mmap threshold) now come from the heap, and the heap is never trimmed: the
+    process keeps its peak, which it reaches again every step anyway. A no-op where the C library is not
+    glibc."""
     import ctypes
     import ctypes.util
 

@@ -76,7 +76,7 @@ class VLLMRollout:
         weights = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)
                    for name, tensor in state_dict.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()  # its K/V were computed by the old weights
+        self.clear_cache()  # its K/V were computed by the old weights
 
     def clear_cache(self) -> None:
         self.llm.reset_prefix_cache()  # vLLM's K/V memory stays allocated; the cached blocks are released

@@ -1,0 +1,41 @@
+"""FLOP counts and the machine's bf16 matmul peak, shared by the benchmarks that report a share of the
+compute bound (benchmark_rollout.py, benchmark_vs_trl.py). Counts are the matmuls of a Llama-family decoder
+(its config's sizes); element-wise work is not counted."""
+
+import time
+
+import torch
+
+
+def matmul_peak(size: int = 2048, repeats: int = 10) -> float:
+    """bf16 GEMM FLOP/s of this machine at its torch thread count (the best of `repeats`)."""
+    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
+def query_width(config) -> int:
+    """Query heads x head dim."""
+    return config.num_attention_heads * (getattr(config, "head_dim", None)
+                                         or config.hidden_size // config.num_attention_heads)
+
+
+def weight_flops_per_token(config) -> int:
+    """One token's forward through every decoder layer's weights and the LM head (attention scores excluded)."""
+    hidden, q = config.hidden_size, query_width(config)
+    kv = q // config.num_attention_heads * config.num_key_value_heads
+    layer = 2 * (hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config.intermediate_size)
+    return layer * config.num_hidden_layers + 2 * hidden * config.vocab_size
+
+
+def update_flops(config, lengths: list[int], scored: int) -> float:
+    """One forward + backward (3x the forward) over sequences of `lengths` tokens, with causal attention
+    scores, the LM head applied at `scored` positions only."""
+    head = 2 * config.hidden_size * config.vocab_size
+    attention = sum(2 * 2 * query_width(config) * n * (n + 1) / 2 for n in lengths) * config.num_hidden_layers
+    forward = (weight_flops_per_token(config) - head) * sum(lengths) + attention + head * scored
+    return 3 * forward
