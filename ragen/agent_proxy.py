@@ -5,6 +5,10 @@ replies, the replies are parsed into actions, and the environments step. The loo
 `agent_proxy.max_turn` turns or as soon as every environment is done. The same loop serves training
 (`split="train"`, the training sampling and fresh start states every step) and validation (`split="val"`,
 the validation sampling and the same start states every time).
+
+A trajectory whose environment failed (env.step raised or timed out, see ragen/env_state_manager.py) ends
+there; its record carries `env_error`, and the batch's `env_failed` flag tells the trainer to leave its group
+out of the update. In validation it simply counts as unsuccessful.
 """
 
 from dataclasses import dataclass, replace
@@ -64,8 +68,10 @@ class AgentProxy:
                     state.done = state.context_truncated = True
         for state, record in zip(states, records):
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),
-                       "context_truncated": state.context_truncated, "final_state": state.obs}
+                       "context_truncated": state.context_truncated, "final_state": state.obs,
+                       "env_error": state.error}
         batch = self.context.to_batch(trajectories, [s.group_id for s in states], [s.tag for s in states])
+        batch = batch.union(DataProto(non_tensor_batch={"env_failed": np.array([s.error is not None for s in states])}))
         return Rollout(batch, rollout_metrics(states, trajectories, batch, self.split), records)
 
     def _check_first_prompts(self, states: list[EnvState], trajectories: list[Trajectory]) -> None:
@@ -100,6 +106,8 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
         f"{batch_prefix}/num_turns": float(np.mean([len(s.turns) for s in states])),
         f"{batch_prefix}/format_ok_rate": float(np.mean([ok for t in trajectories for ok in t.format_ok])),
         f"{batch_prefix}/context_truncated_rate": float(np.mean([s.context_truncated for s in states])),
+        f"{batch_prefix}/env_failures": float(sum(s.error is not None for s in states)),  # trajectories
+        f"{batch_prefix}/env_failure_rate": float(np.mean([s.error is not None for s in states])),
         f"{batch_prefix}/response_repetition": repetition_rate([r for t in trajectories for r in replies(t)]),
     }
     for tag in sorted({s.tag for s in states}):

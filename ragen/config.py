@@ -16,8 +16,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from ragen.envs import ENV_REGISTRY, check_env_config
-from verl.trainer.config import (ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, LoraConfig, RayConfig,
-                                 TrainerConfig)
+from verl.trainer.config import (ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, LoraConfig, OptimConfig,
+                                 RayConfig, TrainerConfig)
+from verl.utils.tracking import Tracking
 
 
 @dataclass
@@ -43,6 +44,8 @@ class EnvGroupsConfig:
 @dataclass
 class EsManagerConfig:
     format_penalty: float = -0.1  # added to a turn's reward when the reply is malformed or an action is invalid
+    env_step_timeout_s: float | None = None  # an env.step() running longer fails its trajectory; null: no limit
+    max_env_failure_share: float = 0.25  # stop the run when more of a rollout's trajectories failed in env.step
     train: EnvGroupsConfig = field(default_factory=EnvGroupsConfig)
     # validation: a fixed set of start states, the same at every validation; group_size > 1 gives pass@k
     val: EnvGroupsConfig = field(default_factory=lambda: EnvGroupsConfig(env_groups=64, group_size=1))
@@ -100,6 +103,8 @@ class RagenConfig:
 
 
 ConfigStore.instance().store(name="ragen_schema", node=RagenConfig)
+# `${min:5,${trainer.total_training_steps}}`: the recipes' LR warm-up, cut to the run when the run is shorter
+OmegaConf.register_new_resolver("min", lambda *values: min(values), replace=True)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 
@@ -117,9 +122,12 @@ def validate(cfg: RagenConfig, world_size: int) -> None:
     """Reject impossible values at start-up, before any model or worker is created."""
     _validate_run(cfg, world_size)
     _validate_seeds(cfg)
+    _validate_rollout(cfg)
+    _validate_optimization(cfg)
     _validate_algorithm(cfg)
     _validate_batch_sizes(cfg, world_size)
     _validate_envs(cfg)
+    _validate_env_failures(cfg)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -128,50 +136,94 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _validate_run(cfg: RagenConfig, world_size: int) -> None:
-    from verl.workers.rollout import ROLLOUT_ENGINES  # torch import; keep `ragen.config` light
-
-    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    _check(cfg.trainer.backend in ("ray", "local"), f"trainer.backend={cfg.trainer.backend!r}: use 'ray' or 'local'")
-    _check(cfg.trainer.total_training_steps >= 1, "trainer.total_training_steps must be >= 1")
-    _check(world_size == 1 or cfg.trainer.backend == "ray", "trainer.backend=local runs one rank: set the ranks to 1")
-    _check(rollout.name in ROLLOUT_ENGINES,
-           f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
-    _check(rollout.temperature > 0, "actor_rollout_ref.rollout.temperature must be > 0")
-    _check(rollout.val_kwargs.temperature >= 0, "actor_rollout_ref.rollout.val_kwargs.temperature must be >= 0 "
-           "(0 is greedy)")
-    _check(0 < rollout.val_kwargs.top_p <= 1, "actor_rollout_ref.rollout.val_kwargs.top_p must be in (0, 1]")
-    _check(rollout.max_model_len is None or rollout.max_model_len > rollout.response_length,
-           "actor_rollout_ref.rollout.max_model_len must exceed response_length")
-    _check(cfg.agent_proxy.max_context_window == -1 or cfg.agent_proxy.max_context_window >= 1,
-           "agent_proxy.max_context_window must be -1 (every turn) or >= 1")
-    _check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must be in (0, 1]")
-    _check(rollout.response_length >= 1, "actor_rollout_ref.rollout.response_length must be >= 1")
-    _check(cfg.agent_proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
-    _check(cfg.agent_proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
-    _check(bool(cfg.agent_proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
-    mode = cfg.trainer.resume_mode
+    """The trainer loop: its ranks, schedule, checkpoints and logs. The rank counts come first: the batch
+    checks divide by `world_size`."""
+    trainer, logging = cfg.trainer, cfg.logging
+    _check(trainer.backend in ("ray", "local"), f"trainer.backend={trainer.backend!r}: use 'ray' or 'local'")
+    for name in ("nnodes", "n_gpus_per_node", "n_cpu_ranks_per_node"):
+        _check(getattr(trainer, name) >= 1, f"trainer.{name} must be >= 1")
+    _check(world_size == 1 or trainer.backend == "ray", "trainer.backend=local runs one rank: set the ranks to 1")
+    _check(trainer.total_training_steps >= 1, "trainer.total_training_steps must be >= 1")
+    _check(0 <= trainer.critic_warmup < trainer.total_training_steps,
+           f"trainer.critic_warmup must be in [0, trainer.total_training_steps - 1 = "
+           f"{trainer.total_training_steps - 1}]: the actor trains only after it")
+    _check(trainer.test_freq == -1 or trainer.test_freq >= 1,
+           "trainer.test_freq must be >= 1, or -1 to never validate during training")
+    _check(trainer.save_freq == -1 or trainer.save_freq >= 1,
+           "trainer.save_freq must be >= 1, or -1 to save only after the last step")
+    mode = trainer.resume_mode
     _check(mode in ("auto", "disable") or (Path(mode) / "trainer_state.json").is_file(),
            f"trainer.resume_mode={mode!r}: use auto, disable, or the path of a checkpoint (a global_step_N folder)")
-    _check(cfg.trainer.save_freq == -1 or cfg.trainer.save_freq >= 1, "trainer.save_freq must be >= 1, or -1")
-    _check(cfg.trainer.max_actor_ckpt_to_keep is None or cfg.trainer.max_actor_ckpt_to_keep >= 1,
+    _check(trainer.max_actor_ckpt_to_keep is None or trainer.max_actor_ckpt_to_keep >= 1,
            "trainer.max_actor_ckpt_to_keep must be >= 1, or null to keep every checkpoint")
-    for key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
-        _check(optim.lr_scheduler in ("constant", "cosine"), f"{key}.lr_scheduler must be constant or cosine")
-        _check(optim.lr_warmup_steps >= 0 and 0 <= optim.min_lr_ratio <= 1,
-               f"{key}.lr_warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
-    _check(cfg.logging.log_image_step_size >= 1, "logging.log_image_step_size must be >= 1")
-    _check(cfg.logging.log_n_image_per_batch >= 1 or cfg.logging.log_n_image_per_batch == -1,
+    _check(trainer.max_consecutive_nonfinite_steps >= 0,
+           "trainer.max_consecutive_nonfinite_steps must be >= 1, or 0 to never stop")
+    _check(set(trainer.logger) <= set(Tracking.SUPPORTED),
+           f"trainer.logger={list(trainer.logger)}: choose from {list(Tracking.SUPPORTED)}")
+    _check(bool(trainer.project_name.strip()) and bool(trainer.experiment_name.strip()),
+           "trainer.project_name and trainer.experiment_name must not be blank: they name the run")
+    _check(math.isfinite(cfg.ray.num_cpus_per_worker) and cfg.ray.num_cpus_per_worker > 0,
+           "ray.num_cpus_per_worker must be finite and > 0 (a fraction such as 0.5 is fine)")
+    _check(logging.log_image_step_size >= 1, "logging.log_image_step_size must be >= 1")
+    _check(logging.log_n_image_per_batch >= 1 or logging.log_n_image_per_batch == -1,
            "logging.log_n_image_per_batch must be >= 1, or -1 for every trajectory")
-    _check(cfg.lora.rank >= 0 and cfg.lora.alpha > 0, "lora.rank must be >= 0 (0: off) and lora.alpha > 0")
-    _check(isinstance(cfg.lora.target_modules, list) or cfg.lora.target_modules == "all-linear",
-           f"lora.target_modules={cfg.lora.target_modules!r}: use all-linear or a list such as [q_proj,v_proj]")
-    _check(rollout.log_prob_micro_batch_size_per_gpu >= 1 and cfg.critic.forward_micro_batch_size_per_gpu >= 1,
-           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu and critic.forward_micro_batch_size_per_gpu "
-           "must be >= 1")
-    _check(actor.grad_clip > 0 and cfg.critic.grad_clip > 0,
-           "actor_rollout_ref.actor.grad_clip and critic.grad_clip must be > 0 (the max gradient norm)")
-    _check(actor.optim.lr > 0 and cfg.critic.optim.lr > 0, "actor_rollout_ref.actor.optim.lr and critic.optim.lr "
-           "must be > 0")
+
+
+def _validate_rollout(cfg: RagenConfig) -> None:
+    """Sampling, the rollout engine and the multi-turn agent loop."""
+    from verl.utils.model import DTYPES  # torch imports; keep `ragen.config` light
+    from verl.workers.rollout import ROLLOUT_ENGINES
+
+    rollout, val, proxy = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.val_kwargs, cfg.agent_proxy
+    _check(rollout.name in ROLLOUT_ENGINES,
+           f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
+    _check(rollout.dtype in DTYPES,
+           f"actor_rollout_ref.rollout.dtype={rollout.dtype!r}: choose one of {sorted(DTYPES)}")
+    _check(math.isfinite(rollout.temperature) and rollout.temperature > 0,
+           "actor_rollout_ref.rollout.temperature must be finite and > 0")
+    _check(math.isfinite(val.temperature) and val.temperature >= 0,
+           "actor_rollout_ref.rollout.val_kwargs.temperature must be finite and >= 0 (0 is greedy)")
+    for key, knobs in (("actor_rollout_ref.rollout", rollout), ("actor_rollout_ref.rollout.val_kwargs", val)):
+        _check(0 < knobs.top_p <= 1, f"{key}.top_p must be in (0, 1]")
+        _check(knobs.top_k >= 0, f"{key}.top_k must be >= 0 (0 disables top-k)")
+    _check(rollout.response_length >= 1, "actor_rollout_ref.rollout.response_length must be >= 1")
+    _check(rollout.max_model_len is None or rollout.max_model_len > rollout.response_length,
+           "actor_rollout_ref.rollout.max_model_len must exceed response_length")
+    _check(math.isfinite(cfg.es_manager.format_penalty) and cfg.es_manager.format_penalty <= 0,
+           "es_manager.format_penalty must be finite and <= 0 (it is added to a malformed turn's reward)")
+    _check(proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
+    _check(proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
+    _check(bool(proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
+    _check(proxy.max_context_window == -1 or proxy.max_context_window >= 1,
+           "agent_proxy.max_context_window must be -1 (every turn) or >= 1")
+
+
+def _validate_optimization(cfg: RagenConfig) -> None:
+    """The trained models (the critic's settings too, even when no critic trains): dtype, optimizer, clipping."""
+    lora = cfg.lora
+    for key, model in (("actor_rollout_ref.model", cfg.actor_rollout_ref.model), ("critic.model", cfg.critic.model)):
+        _check(model.dtype in ("bfloat16", "float32"), f"{key}.dtype={model.dtype!r}: use bfloat16 or float32 "
+               "(float16 has no fast CPU kernels and would need loss scaling, which this trainer does not do)")
+    for key, trainer in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
+        _check(math.isfinite(trainer.grad_clip) and trainer.grad_clip > 0,
+               f"{key}.grad_clip must be finite and > 0 (the max gradient norm)")
+        _validate_optim(f"{key}.optim", trainer.optim)
+    _check(lora.rank >= 0 and lora.alpha > 0, "lora.rank must be >= 0 (0: off) and lora.alpha > 0")
+    _check(isinstance(lora.target_modules, list) or lora.target_modules == "all-linear",
+           f"lora.target_modules={lora.target_modules!r}: use all-linear or a list such as [q_proj,v_proj]")
+
+
+def _validate_optim(key: str, optim: OptimConfig) -> None:
+    """AdamW and its learning-rate schedule (`verl.workers.ppo_update.make_optimizer`)."""
+    _check(math.isfinite(optim.lr) and optim.lr > 0, f"{key}.lr must be finite and > 0")
+    _check(len(optim.betas) == 2 and all(0 <= beta < 1 for beta in optim.betas),
+           f"{key}.betas={list(optim.betas)}: give two numbers, each in [0, 1)")
+    _check(math.isfinite(optim.weight_decay) and optim.weight_decay >= 0, f"{key}.weight_decay must be finite and >= 0")
+    _check(optim.lr_scheduler in ("constant", "cosine"), f"{key}.lr_scheduler must be constant or cosine")
+    _check(0 <= optim.min_lr_ratio <= 1, f"{key}.min_lr_ratio must be in [0, 1]")
+    _check(optim.total_training_steps >= 1, f"{key}.total_training_steps must be >= 1")
+    _check(0 <= optim.lr_warmup_steps <= optim.total_training_steps,
+           f"{key}.lr_warmup_steps must be in [0, {key}.total_training_steps = {optim.total_training_steps}]")
 
 
 def _validate_seeds(cfg: RagenConfig) -> None:
@@ -179,7 +231,7 @@ def _validate_seeds(cfg: RagenConfig) -> None:
     never be validation states (trainer.val_seed + group)."""
     train, val, trainer = cfg.es_manager.train, cfg.es_manager.val, cfg.trainer
     first, last = trainer.seed + train.env_groups, trainer.seed + (trainer.total_training_steps + 1) * train.env_groups
-    _check(trainer.val_seed >= 0, "trainer.val_seed must be >= 0")
+    _check(trainer.seed >= 0 and trainer.val_seed >= 0, "trainer.seed and trainer.val_seed must be >= 0")
     _check(last <= trainer.val_seed or trainer.val_seed + val.env_groups <= first,
            f"the training start states (seeds {first}..{last - 1}) overlap the validation ones (trainer.val_seed = "
            f"{trainer.val_seed} .. {trainer.val_seed + val.env_groups - 1}): move trainer.val_seed or trainer.seed")
@@ -209,11 +261,17 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
         _check(0 <= getattr(algo, name) <= 1, f"algorithm.{name} must be in [0, 1]")
     for name in ("clip_ratio_low", "clip_ratio_high"):
         _check(0 < getattr(actor, name) < 1, f"actor_rollout_ref.actor.{name} must be in (0, 1)")
-    _check(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c (dual clip) must be > 1")
-    _check(actor.kl_loss_coef >= 0 and algo.kl_ctrl.kl_coef >= 0, "KL coefficients must be >= 0")
-    _check(algo.kl_ctrl.target_kl > 0 and algo.kl_ctrl.horizon > 0,
-           "algorithm.kl_ctrl.target_kl and horizon must be > 0")
-    _check(cfg.critic.cliprange_value > 0, "critic.cliprange_value must be > 0")
+    _check(math.isfinite(actor.clip_ratio_c) and actor.clip_ratio_c > 1,
+           "actor_rollout_ref.actor.clip_ratio_c (dual clip) must be finite and > 1")
+    for key, value in (("actor_rollout_ref.actor.entropy_coeff", actor.entropy_coeff),
+                       ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
+                       ("algorithm.kl_ctrl.kl_coef", algo.kl_ctrl.kl_coef),
+                       ("algorithm.gigpo_step_weight", algo.gigpo_step_weight)):
+        _check(math.isfinite(value) and value >= 0, f"{key} must be finite and >= 0")
+    _check(math.isfinite(algo.kl_ctrl.target_kl) and algo.kl_ctrl.target_kl > 0 and algo.kl_ctrl.horizon >= 1,
+           "algorithm.kl_ctrl.target_kl must be finite and > 0, and algorithm.kl_ctrl.horizon >= 1")
+    _check(math.isfinite(cfg.critic.cliprange_value) and cfg.critic.cliprange_value > 0,
+           "critic.cliprange_value must be finite and > 0")
     _check(not algo.use_kl_in_reward or estimator.token_level,
            f"algorithm.use_kl_in_reward puts a KL penalty on every token, which algorithm.adv_estimator="
            f"{algo.adv_estimator} does not read: use actor_rollout_ref.actor.use_kl_loss=true instead, or a "
@@ -241,6 +299,9 @@ def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
 
     train, rollout = cfg.es_manager.train, cfg.actor_rollout_ref.rollout
     _check(train.env_groups >= 1 and train.group_size >= 1, "es_manager.train.env_groups and group_size must be >= 1")
+    _check(rollout.log_prob_micro_batch_size_per_gpu >= 1 and cfg.critic.forward_micro_batch_size_per_gpu >= 1,
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu and critic.forward_micro_batch_size_per_gpu "
+           "must be >= 1")
     trainers = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
     if ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic:
         trainers.append(("critic", cfg.critic))
@@ -286,3 +347,12 @@ def _validate_envs(cfg: RagenConfig) -> None:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:
             raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e
+
+
+def _validate_env_failures(cfg: RagenConfig) -> None:
+    """What an env.step that raises or hangs may cost (ragen/env_state_manager.py)."""
+    es = cfg.es_manager
+    _check(es.env_step_timeout_s is None or (math.isfinite(es.env_step_timeout_s) and es.env_step_timeout_s > 0),
+           "es_manager.env_step_timeout_s must be finite and > 0, or null for no limit")
+    _check(0 <= es.max_env_failure_share <= 1, "es_manager.max_env_failure_share must be in [0, 1] (0: stop at the "
+           "first failed env.step; 1: never stop)")

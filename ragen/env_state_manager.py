@@ -12,8 +12,17 @@ turns.
 An invalid action (an answer the environment does not understand: `info["action_is_valid"]` False) changes
 nothing, by the environment contract, and is not charged to the budget; it is recorded, and the agent
 proxy adds `es_manager.format_penalty` to the turn (RAGEN's rule), so that nonsense never beats play.
+
+An environment whose `step()` raises, returns a non-finite reward, or runs longer than `es_manager.env_step_timeout_s`, ends only its own
+trajectory: the state keeps the error (`EnvState.error`), counts as unsuccessful, and gets a fresh env instance
+for the next rollout; the trainer leaves its whole group out of the update (a group baseline over the survivors
+would be biased). One broken seed should not cost a long run, but a broken environment should not train on
+quietly either: when more than `es_manager.max_env_failure_share` of a rollout's trajectories have failed, the
+rollout stops with `EnvFailureError`.
 """
 
+import math
+import threading
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -44,6 +53,7 @@ class EnvState:
     done: bool = False
     success: bool = False
     context_truncated: bool = False  # ended because another turn would not fit the model's context
+    error: str | None = None  # "<ExceptionType>: <message>" when env.step raised or timed out: that ended it
     turns: list[TurnRecord] = field(default_factory=list)
 
     @property
@@ -52,9 +62,16 @@ class EnvState:
         return self.max_actions - self.actions_taken
 
 
+class EnvFailureError(RuntimeError):
+    """More of a rollout's trajectories failed in env.step than `es_manager.max_env_failure_share` allows."""
+
+
 class EnvStateManager:
-    def __init__(self, config: EnvGroupsConfig, custom_envs: dict[str, CustomEnvConfig], seed: int):
-        self.config, self.seed = config, seed
+    def __init__(self, config: EnvGroupsConfig, custom_envs: dict[str, CustomEnvConfig], seed: int,
+                 env_step_timeout_s: float | None = None, max_env_failure_share: float = 0.25):
+        """`env_step_timeout_s` and `max_env_failure_share`: the `es_manager` keys of the same names."""
+        self.config, self.seed, self.custom_envs = config, seed, custom_envs
+        self.env_step_timeout_s, self.max_env_failure_share = env_step_timeout_s, max_env_failure_share
         self.states: list[EnvState] = []
         mix = config.env_configs
         tags = [tag for tag, n in zip(mix.tags, mix.groups_per_tag(config.env_groups)) for _ in range(n)]
@@ -76,7 +93,7 @@ class EnvStateManager:
             state.obs, _ = state.env.reset(seed=state.seed)
             reseed(state.env, [state.seed, state.env_id % self.config.group_size])
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
-            state.context_truncated = False
+            state.context_truncated, state.error = False, None
         return self.states
 
     def step(self, env_id: int, actions: list[str]) -> TurnRecord:
@@ -88,17 +105,22 @@ class EnvStateManager:
             if state.actions_left <= 0:
                 break
             try:
-                state.obs, reward, terminated, truncated, info = state.env.step(action)
+                state.obs, reward, terminated, truncated, info = call_with_timeout(
+                    state.env.step, action, self.env_step_timeout_s)
+                reward = float(reward)
+                if not math.isfinite(reward):  # it would turn its whole group's advantages into NaN
+                    raise ValueError(f"env.step returned a non-finite reward ({reward})")
+                valid, effective, success = (bool(info[key]) for key in
+                                             ("action_is_valid", "action_is_effective", "success"))
             except Exception as e:
-                raise RuntimeError(f"environment {state.tag} (env {env_id}, seed {state.seed}) raised on "
-                                   f"action {action!r}: {e}") from e
-            valid = bool(info["action_is_valid"])
+                self._fail(state, action, e)
+                break
             state.actions_taken += valid  # an invalid action changed nothing: it costs no budget
             record.actions.append(action)
-            record.reward += float(reward)
+            record.reward += reward
             record.valid.append(valid)
-            record.effective.append(bool(info["action_is_effective"]))
-            state.success = state.success or bool(info["success"])
+            record.effective.append(effective)
+            state.success = state.success or success
             if terminated or truncated:
                 state.done = True
                 break
@@ -106,6 +128,52 @@ class EnvStateManager:
             state.done = True
         state.turns.append(record)
         return record
+
+    def _fail(self, state: EnvState, action: str, error: Exception) -> None:
+        """End the trajectory whose env.step raised or hung; stop the rollout if too many have."""
+        state.error = f"{type(error).__name__}: {error}"
+        state.done, state.success = True, False
+        print(f"[ragen] env {state.env_id} ({state.tag!r}, seed {state.seed}) failed on action {action!r} and "
+              f"ends its trajectory: {state.error}", flush=True)
+        # An exception may leave the instance half-updated, and a hung step's thread still holds it
+        spec = self.custom_envs[state.tag]
+        state.env = make_env(spec.env_type, dict(spec.env_config))
+        failed = [s for s in self.states if s.error is not None]
+        if len(failed) > self.max_env_failure_share * len(self.states):
+            first = failed[0]
+            raise EnvFailureError(
+                f"{len(failed)} of {len(self.states)} trajectories failed in env.step, more than "
+                f"es_manager.max_env_failure_share={self.max_env_failure_share}; the first: env tag {first.tag!r}, "
+                f"seed {first.seed}: {first.error}; the last: env tag {state.tag!r}, seed {state.seed}, action "
+                f"{action!r}: {state.error}. Fix the environment, or raise es_manager.max_env_failure_share "
+                "(or es_manager.env_step_timeout_s, if its steps are merely slow)") from error
+
+
+def call_with_timeout(fn, arg, timeout_s: float | None):
+    """`fn(arg)`, raising TimeoutError when it has not returned after `timeout_s` seconds (None: no limit,
+    and the call runs in this thread).
+
+    With a limit the call runs in a daemon thread. Python cannot kill a thread, so a call that hangs is
+    abandoned rather than stopped: it may keep a core busy and keeps its env instance (the caller replaces
+    that instance), but being a daemon it does not keep the process alive at exit."""
+    if timeout_s is None:
+        return fn(arg)
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn(arg)
+        except BaseException as e:  # re-raised in the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="env-step", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"env.step({arg!r}) did not return within es_manager.env_step_timeout_s={timeout_s} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def reseed(env: gym.Env, entropy: list[int]) -> None:

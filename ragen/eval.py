@@ -9,7 +9,6 @@ per-env success, pass@k, reward, turns and valid/effective action rates, and wri
 and the metrics next to Hydra's run files (`outputs/.../trajectories.jsonl`, `metrics.json`).
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from ragen.config import ConfigError, RagenConfig, validate
 from ragen.train import make_agent, pick_scale
 from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
-from verl.utils.tracking import write_jsonl
+from verl.utils.tracking import to_json, write_jsonl
 from verl.workers.actor import ActorRolloutRefWorker
 
 COLUMNS = ["success", "pass@1", "reward", "num_turns", "num_actions", "valid_action_rate", "effective_action_rate"]
@@ -35,7 +34,7 @@ def evaluate(cfg: RagenConfig, output_dir: Path) -> dict[str, float]:
     actor_rollout_wg.init_model()
     rollout = make_agent(cfg, "val", actor_rollout_wg, tokenizer).rollout(0)
     write_jsonl(output_dir / "trajectories.jsonl", rollout.records)
-    (output_dir / "metrics.json").write_text(json.dumps(rollout.metrics, indent=2))
+    (output_dir / "metrics.json").write_text(to_json(rollout.metrics, indent=2), encoding="utf-8")
     print(format_table(rollout.metrics))
     print(f"trajectories and metrics in {output_dir}")
     return rollout.metrics

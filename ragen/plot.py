@@ -8,9 +8,10 @@ Written to `<run_dir>/plots/` (the trainer also calls this after its last step):
   (its collapse is the echo trap's first sign).
 """
 
-import json
 import sys
 from pathlib import Path
+
+from verl.utils.tracking import read_jsonl
 
 PANELS = {  # file -> (title, y label, metric name under train/<tag>/ and val-env/<tag>/, or whole keys)
     "success": ("Success rate", "success", "success"),
@@ -25,17 +26,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: plot a run folder (trainer.default_local_dir) whose "
                                 "trainer.logger includes jsonl")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed run
-            continue
-    return rows
+    return read_jsonl(path)  # a run killed mid-write leaves a torn last line, skipped
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    points = [(row["step"], row[key]) for row in rows if key in row]
+    """The steps that logged `key` and its values; a non-finite value (null in the JSONL) is NaN, a gap."""
+    points = [(row["step"], float("nan") if row[key] is None else row[key]) for row in rows if key in row]
     return [s for s, _ in points], [v for _, v in points]
 
 

@@ -20,11 +20,11 @@ from ragen.trajectory_browser import write_index, write_step
 from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
 from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
-from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
-from verl.single_controller.worker_group import gpu_placement_group
+from verl.single_controller import LocalWorkerGroup, RayWorkerGroup, WorkerDiedError
+from verl.single_controller.worker_group import gpu_placement_group, node_placement_group
 from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
-from verl.utils import memory
+from verl.utils import checkpoint, memory
 from verl.utils.model import eos_token_ids, load_tokenizer, max_context_length, resolve_model_path
 from verl.utils.tracking import Tracking
 from verl.workers.actor import ActorRolloutRefWorker
@@ -42,6 +42,8 @@ def world_size(cfg: RagenConfig) -> int:
 def run(cfg: RagenConfig) -> None:
     ranks = world_size(cfg)
     validate(cfg, ranks)
+    run_config = OmegaConf.to_container(OmegaConf.structured(cfg))  # saved with each checkpoint, paths as given
+    checkpoint.check_resume(cfg.trainer, ranks, run_config)  # a checkpoint this run cannot continue: stop now
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     cfg.critic.model.path = resolve_model_path(cfg.critic.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
@@ -52,11 +54,13 @@ def run(cfg: RagenConfig) -> None:
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
                        cfg.trainer.experiment_name, config=OmegaConf.to_container(OmegaConf.structured(cfg)))
     with worker_backend(cfg), finishing(tracker):
-        gpus = gpu_placement_group(ranks, 2 * cfg.ray.num_cpus_per_worker) \
-            if cfg.trainer.backend == "ray" and torch.cuda.is_available() else None
-        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks, gpus)
+        placement = rank_placement(cfg, ranks)
+        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks,
+                                             placement)
+        if cfg.trainer.backend == "ray":
+            print(f"[ragen] Ray nodes of the actor ranks: {' '.join(actor_rollout_wg.node_ids)}", flush=True)
         actor_rollout_wg.init_model(use_reference=use_reference)
-        critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks, gpus) if use_critic else None
+        critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks, placement) if use_critic else None
         if critic_wg is not None:
             critic_wg.init_model()
         agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
@@ -65,7 +69,7 @@ def run(cfg: RagenConfig) -> None:
         PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
                    tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
                    on_policy_batch=actor.ppo_mini_batch_size if actor.ppo_epochs == 1 else 0,
-                   on_records=trajectory_pages(cfg)).fit()
+                   on_records=trajectory_pages(cfg), run_config=run_config).fit()
     if "jsonl" in cfg.trainer.logger:
         print("learning curves: " + " ".join(str(p) for p in plot_run(cfg.trainer.default_local_dir)), flush=True)
 
@@ -117,12 +121,29 @@ def check_memory(cfg: RagenConfig, ranks: int, use_critic: bool, use_reference: 
                           "actor_rollout_ref.model.enable_gradient_checkpointing=true")
 
 
-def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int, gpus=None):
-    """`gpus`: a placement group with one GPU per rank, shared rank by rank by the actor and critic groups."""
+def rank_placement(cfg: RagenConfig, ranks: int):
+    """Where the Ray ranks run, shared rank by rank by the actor and critic groups. GPUs: one bundle per GPU.
+    Several CPU nodes: one bundle per node, each on a different node. One CPU node: no placement group."""
+    if cfg.trainer.backend == "local":
+        return None
+    import ray
+
+    if (nodes := sum(node["Alive"] for node in ray.nodes())) < cfg.trainer.nnodes:
+        raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} but the Ray cluster has {nodes} node(s): start Ray "
+                          "on every node and join it with ray.address (README, 'Several machines'), or lower nnodes")
+    num_cpus = 2 * cfg.ray.num_cpus_per_worker  # an actor and a critic worker per rank
+    if torch.cuda.is_available():
+        return gpu_placement_group(ranks, num_cpus)
+    return node_placement_group(cfg.trainer.nnodes, ranks // cfg.trainer.nnodes, num_cpus) \
+        if cfg.trainer.nnodes > 1 else None
+
+
+def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int, placement=None):
+    """`placement`: a placement group from `rank_placement`, or None (Ray places the ranks)."""
     if cfg.trainer.backend == "local":
         return LocalWorkerGroup(worker_cls, *configs)
     return RayWorkerGroup(worker_cls, *configs, world_size=ranks, num_cpus=cfg.ray.num_cpus_per_worker,
-                          num_gpus=GPU_SHARE if gpus is not None else 0, placement_group=gpus)
+                          num_gpus=GPU_SHARE if torch.cuda.is_available() else 0, placement_group=placement)
 
 
 def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> AgentProxy:
@@ -131,7 +152,8 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
     rollout, model_path = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model.path
     groups: EnvGroupsConfig = cfg.es_manager.train if split == "train" else cfg.es_manager.val
     seed = cfg.trainer.seed if split == "train" else cfg.trainer.val_seed
-    env_manager = EnvStateManager(groups, cfg.custom_envs, seed)
+    env_manager = EnvStateManager(groups, cfg.custom_envs, seed, env_step_timeout_s=cfg.es_manager.env_step_timeout_s,
+                                  max_env_failure_share=cfg.es_manager.max_env_failure_share)
     context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, env_manager.env_per_tag(),
                                       eos_ids=eos_token_ids(model_path, tokenizer),
                                       max_model_len=rollout.max_model_len or max_context_length(model_path))
@@ -162,6 +184,12 @@ def main(cfg) -> None:
         run(OmegaConf.to_object(cfg))
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    except checkpoint.ResumeError as e:
+        sys.exit(f"cannot resume: {e}")
+    except WorkerDiedError as e:
+        last = checkpoint.latest_checkpoint(cfg.trainer.default_local_dir)
+        sys.exit(f"stopped: {e}. " + (f"The last checkpoint is {last}: run the same command again to resume from it"
+                                      if last else "No checkpoint was written yet: run the same command again"))
 
 
 def pick_scale() -> None:

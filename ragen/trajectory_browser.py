@@ -9,7 +9,8 @@ forbids any other source, so the pages open offline, from disk or under `python 
 Pictures: the record keeps each state as the env's text render; a grid env's `rgb_array` picture is
 `grid_to_rgb` over that same symbol grid, so `state_picture` redraws it exactly from the text with the
 env's tiles (`GRID_TILES`). Envs without a picture (bandit, countdown) show the text alone. Every piece of
-model or env text is escaped, in elements, attributes and the JSON the index embeds.
+model or env text is escaped, in elements, attributes and the JSON the index embeds. A non-finite number
+(a NaN reward) is null in that JSON, which JSON.parse would otherwise reject, and "n/a" on the pages.
 
 Build pages for a finished run: `python -m ragen.trajectory_browser <run dir>/rollouts/train <out dir>`.
 """
@@ -19,6 +20,7 @@ import base64
 import html
 import itertools
 import json
+import math
 import re
 import struct
 import zlib
@@ -30,6 +32,7 @@ import numpy as np
 from ragen.config import CustomEnvConfig
 from ragen.envs import frozen_lake, make_env
 from ragen.envs.utils import grid_to_rgb
+from verl.utils.tracking import read_jsonl, to_json
 
 # env_type -> its picture tiles, from the env's `env_config` dict; envs drawn as a grid of symbols only
 GRID_TILES: dict[str, Callable[[dict], dict[str, np.ndarray]]] = {
@@ -118,10 +121,10 @@ def turn_html(number: int, turn: dict, tiles: dict[str, np.ndarray] | None) -> s
         kind, note = ("ok", "valid, effective") if valid and effective else \
             ("noop", "valid, no effect") if valid else ("bad", "invalid")
         chips.append(f'<li class="chip {kind}" title="{note}">{esc(str(action))} <small>{note}</small></li>')
-    facts = [("reward", f"{turn['reward']:+.3g}")]
+    facts = [("reward", _signed(turn["reward"], ".3g"))]
     if "advantage" in turn:  # null: the variance filter dropped this trajectory's group before the update
         advantage = turn["advantage"]
-        facts.append(("advantage", "filtered out" if advantage is None else f"{advantage:+.3f}"))
+        facts.append(("advantage", "filtered out" if advantage is None else _signed(advantage, ".3f")))
     reply_format = "malformed (format penalty)" if not turn["format_ok"] else \
         "ok, invalid action (format penalty)" if not all(turn["action_valid"]) else "ok"
     facts += [("format", reply_format),
@@ -142,7 +145,7 @@ def trajectory_page(record: dict, step: int, tiles: dict[str, np.ndarray] | None
     nav += [f'<a href="{esc(previous)}">&larr; previous</a>'] if previous else []
     nav += [f'<a href="{esc(following)}">next &rarr;</a>'] if following else []
     facts = [("split", record["split"]), ("group", record["group_id"]), ("seed", record["seed"]),
-             ("success", "yes" if record["success"] else "no"), ("reward", f"{record['reward']:+.3g}"),
+             ("success", "yes" if record["success"] else "no"), ("reward", _signed(record["reward"], ".3g")),
              ("turns", len(record["turns"])), ("context truncated", "yes" if record["context_truncated"] else "no")]
     turns = "".join(turn_html(i + 1, turn, tiles) for i, turn in enumerate(record["turns"]))
     final = state_html(record["final_state"], tiles, "final state")
@@ -157,6 +160,11 @@ def trajectory_page(record: dict, step: int, tiles: dict[str, np.ndarray] | None
 
 def _fact(name: str, value) -> str:
     return f"<div><dt>{esc(name)}</dt><dd>{esc(str(value))}</dd></div>"
+
+
+def _signed(value: float | None, spec: str) -> str:
+    """A number with its sign; "n/a" for a non-finite one, which records read back from JSONL hold as None."""
+    return "n/a" if value is None or not math.isfinite(value) else format(value, "+" + spec)
 
 
 def summary(record: dict, step: int) -> dict:
@@ -187,7 +195,7 @@ def write_step(records: list[dict], experiment_dir: Path, step: int, n_per_batch
         page = trajectory_page(record, step, tiles.get(record["tag"]), names[i - 1] if i else None,
                                names[i + 1] if i + 1 < len(names) else None)
         paths.append(_write_text(step_dir / names[i], page))
-    _write_text(step_dir / MANIFEST, json.dumps([summary(r, step) for r in picked], ensure_ascii=False))
+    _write_text(step_dir / MANIFEST, to_json([summary(r, step) for r in picked]))
     return paths
 
 
@@ -197,10 +205,10 @@ def write_index(experiment_dir: Path) -> Path:
     experiment_dir = Path(experiment_dir)
     rows = []
     for manifest in sorted(experiment_dir.glob(f"step_*/{MANIFEST}"), key=lambda p: _step_number(p.parent)):
-        for row in json.loads(manifest.read_text()):
+        for row in json.loads(manifest.read_text(encoding="utf-8")):
             # the link is built from numbers, never from text read back
             rows.append(row | {"page": f"step_{int(row['step'])}/{PAGE_NAME.format(int(row['id']))}"})
-    data = json.dumps(rows, ensure_ascii=False)
+    data = to_json(rows)
     # Inside <script> only "</script" could end the element; escaping < > & keeps the JSON identical.
     data = data.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
     title = f"Trajectories · {experiment_dir.resolve().name}"
@@ -255,8 +263,8 @@ INDEX_JS = """
 const rows = JSON.parse(document.getElementById("trajectories").textContent);
 const form = document.getElementById("filters"), body = document.querySelector("#list tbody");
 const keys = [...document.querySelectorAll("th[data-key]")].map(th => th.dataset.key);
-const show = v => typeof v === "boolean" ? (v ? "yes" : "no") : typeof v === "number" && !Number.isInteger(v)
-  ? v.toFixed(3) : String(v);
+const show = v => v === null ? "n/a" : typeof v === "boolean" ? (v ? "yes" : "no")
+  : typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : String(v);
 for (const [name, key] of [["step", "step"], ["tag", "tag"]]) {
   for (const v of [...new Set(rows.map(r => r[key]))].sort((a, b) => a < b ? -1 : a > b ? 1 : 0)) {
     form.elements[name].append(new Option(String(v), String(v)));
@@ -375,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     custom_envs = load_config(args.config_name, args.overrides).custom_envs
     pages = 0
     for path in files:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = read_jsonl(path)
         pages += len(write_step(records, args.out_dir, _step_number_of_file(path), args.n_per_batch, custom_envs))
     index = write_index(args.out_dir)
     print(f"wrote {pages} trajectory pages from {len(files)} steps; open {index} "

@@ -33,7 +33,7 @@ def run_step(recipe: str, turns: int, batch: int, overrides: list[str]) -> dict:
                "trainer.save_freq=-1", "trainer.logger=[jsonl]", "logging.log_images=false",
                f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra", *overrides]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    m = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    m = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()][-1]
     update = sum(v for k, v in m.items() if k in ("timing_s/old_log_prob", "timing_s/update_actor",
                                                    "timing_s/ref", "timing_s/values", "timing_s/update_critic"))
     row = {"turns": turns, "batch": batch, "step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"],
@@ -92,11 +92,11 @@ def main() -> None:
 
     rows_path = Path(args.out).with_suffix(".json")
     if args.replot:
-        rows = json.loads(rows_path.read_text())
+        rows = json.loads(rows_path.read_text(encoding="utf-8"))
     else:
         rows = {"turns": [run_step(args.recipe, t, args.fixed_batch, args.overrides) for t in args.turns],
                 "batch": [run_step(args.recipe, args.fixed_turns, b, args.overrides) for b in args.batch]}
-        rows_path.write_text(json.dumps(rows, indent=1))
+        rows_path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     plot(rows["turns"], rows["batch"], args.out, f"{args.recipe} on 2 CPU cores: one training step "
          f"(turns sweep at {args.fixed_batch} trajectories, batch sweep at {args.fixed_turns} turns)")
 

@@ -49,7 +49,7 @@ def main() -> None:
                *args.overrides]
     print(" ".join(command), flush=True)
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, encoding="utf-8")
     root = psutil.Process(child.pid)
     peak_rss, peak_pss, processes = 0, 0, []
     while child.poll() is None:

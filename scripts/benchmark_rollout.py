@@ -191,7 +191,7 @@ def compare(args) -> None:
         command = [python, __file__, "--engine", engine, "--model", args.model, "--groups", str(args.groups),
                    "--group-size", str(args.group_size), "--turns", str(args.turns),
                    "--response-length", str(args.response_length), "--prefix-cache", *args.prefix_cache]
-        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True, encoding="utf-8").stdout
         print(output, flush=True)
         summaries += [json.loads(line[8:]) for line in output.splitlines() if line.startswith("SUMMARY ")]
     first = summaries[0]["tokens_per_s"]

@@ -158,7 +158,7 @@ def run_ragen(steps: int, overrides: list[str]) -> None:
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     print(f"PEAK_RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}", flush=True)
     config = AutoConfig.from_pretrained(resolve_model_path(MODEL))
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
         m = json.loads(line)
         rows, update_tokens = GROUP, m["perf/update_tokens"]  # every trajectory is one row; prompts + replies
         flops = update_flops(config, [update_tokens / rows] * rows, m["perf/generated_tokens"])
@@ -175,7 +175,7 @@ def measure(framework: str, steps: int, trl_dtype: str, overrides: list[str]) ->
     """Run one framework in its own process; its per-step rows and the peak RSS of its training process."""
     command = [sys.executable, __file__, "--run", framework, "--steps", str(steps), "--trl-dtype", trl_dtype,
                *overrides]
-    child = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    child = subprocess.run(command, stdout=subprocess.PIPE, encoding="utf-8")
     if child.returncode != 0:
         sys.exit(f"{framework} run failed (exit {child.returncode})")
     lines = child.stdout.splitlines()

@@ -48,33 +48,34 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     """One training run; returns its wall time in seconds (also written to `run_dir/reproduce.json`)."""
     command = run_command(recipe, seed, run_dir, args.val_seed, overrides)
     done, started = run_dir / "reproduce.json", run_dir / "command.json"
-    if done.is_file() and json.loads(done.read_text())["command"] == command:
+    if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
-        return json.loads(done.read_text())["wall_time_s"]
+        return json.loads(done.read_text(encoding="utf-8"))["wall_time_s"]
     # The wall time of earlier sittings of this run is kept in command.json and added up.
-    earlier = json.loads(started.read_text()) if started.is_file() else {}
+    earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
     if earlier.get("command") == command:
         print(f"[reproduce] seed {seed}: resuming the interrupted run in {run_dir}", flush=True)
     else:  # a different command, or none yet: start anew
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         earlier = {"command": command, "wall_time_s": 0.0}
-        started.write_text(json.dumps(earlier))  # now, so that even a killed sitting is resumed, not wiped
+        # now, so that even a killed sitting is resumed, not wiped
+        started.write_text(json.dumps(earlier), encoding="utf-8")
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
-    with open(run_dir.parent / f"seed_{seed}.log", "a") as log:
+    with open(run_dir.parent / f"seed_{seed}.log", "a", encoding="utf-8") as log:
         checkpoints = [f"trainer.save_freq={args.save_freq}", "trainer.max_actor_ckpt_to_keep=1"]
         try:  # on an exception (Ctrl-C, SIGTERM: see main) subprocess.run kills the trainer before raising
             returncode = subprocess.run(command + checkpoints, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
         finally:  # interrupted or not, the time spent counts towards this run
             wall = earlier["wall_time_s"] + time.time() - start
-            started.write_text(json.dumps(earlier | {"wall_time_s": wall}))
+            started.write_text(json.dumps(earlier | {"wall_time_s": wall}), encoding="utf-8")
     if returncode != 0:
         sys.exit(f"[reproduce] the run with seed {seed} failed (exit {returncode}): see {log.name}; the same "
                  "command resumes it from its newest checkpoint")
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
-    done.write_text(json.dumps({"wall_time_s": wall, "command": command}))
+    done.write_text(json.dumps({"wall_time_s": wall, "command": command}), encoding="utf-8")
     return wall
 
 
@@ -219,8 +220,8 @@ def main() -> None:
         changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
     summary = summarise(runs, args.recipe, args)
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
-    (out / "results.md").write_text(markdown(summary))
+    (out / "results.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    (out / "results.md").write_text(markdown(summary), encoding="utf-8")
     plot(runs, out / "curve.png", args.recipe)
     plot_signals(runs, out / "signals.png", args.recipe)
     print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png, signals.png")

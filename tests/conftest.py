@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
+    config.addinivalue_line("markers", "faults: kills training runs and resumes them (tests/test_fault_injection.py)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,3 +56,27 @@ def save_tiny_llama(path, tokenizer, **config_overrides) -> str:
 def tiny_model_path(tmp_path_factory, tokenizer) -> str:
     """A randomly initialised 2-layer Llama with the bundled tokenizer, saved as an HF folder."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny_model"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def two_node_ray_cluster():
+    """Two Ray nodes on this machine, a raylet each, as on two machines; the test process is not connected.
+    Each node has room for several 0.5-CPU ranks, so Ray alone would pack ranks onto one node. Ray writes the
+    newest cluster's address under its temp dir and a plain `ray.init()` anywhere on the machine joins that
+    cluster: a private temp dir keeps other tests and runs out of this one."""
+    import shutil
+    import tempfile
+
+    from ray.cluster_utils import Cluster
+
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", temp_dir)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+        try:
+            cluster.add_node(num_cpus=4)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            cluster.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)

@@ -36,6 +36,14 @@ def kill_during_step(model_path: str, run_dir: Path, step: int) -> None:
     process.wait()
 
 
+def refused_resume(model_path: str, run_dir: Path, *overrides: str) -> str:
+    """What a resume that must stop at start-up, before any model loads, prints on stderr."""
+    result = subprocess.run(train_command("sokoban", model_path, run_dir, *ARGS, *overrides), capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0 and "cannot resume" in result.stderr, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stderr
+
+
 def test_a_run_killed_mid_step_resumes_and_replays_exactly(tiny_model_path, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     train("sokoban", tiny_model_path, whole, *ARGS)
@@ -53,3 +61,9 @@ def test_a_run_killed_mid_step_resumes_and_replays_exactly(tiny_model_path, tmp_
         b = load_file(killed / "global_step_3" / part / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a), f"the resumed {part} differs from the uninterrupted one"
     assert (killed / "latest_checkpointed_iteration.txt").read_text() == "3"
+
+    # a resume the checkpoint cannot serve stops at start-up and says why
+    assert "saved by 1 rank(s) and this run has 2" in refused_resume(
+        tiny_model_path, killed, "trainer.backend=ray", "trainer.n_cpu_ranks_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    assert "lora.rank: 0 -> 4" in refused_resume(tiny_model_path, killed, "lora.rank=4")

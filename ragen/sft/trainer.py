@@ -193,11 +193,10 @@ class SFTTrainer(Worker):
                 batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
                 batch = collate(self.train, batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank],
                                 self.tokenizer.pad_token_id)
-                metrics = ppo_update(self.model, self.optimizer, batch, self._nll, mini_batch_size=per_rank,
-                                     micro_batch_size=cfg.micro_batch_size_per_gpu, epochs=1,
-                                     grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode="token-mean",
-                                     device=self.device, prefix="sft")
-                self.lr_scheduler.step()
+                metrics = ppo_update(self.model, self.optimizer, batch, self._nll, lr_scheduler=self.lr_scheduler,
+                                     mini_batch_size=per_rank, micro_batch_size=cfg.micro_batch_size_per_gpu,
+                                     epochs=1, grad_clip=cfg.grad_clip, mask_key="loss_mask",
+                                     loss_agg_mode="token-mean", device=self.device, prefix="sft")
                 step += 1
                 seconds = time.perf_counter() - start
                 metrics |= {"perf/tokens_per_s": batch.batch["attention_mask"].sum().item() / seconds}
@@ -280,7 +279,8 @@ class SFTTrainer(Worker):
             save_adapter(self.model, weights, staging)
             self.tokenizer.save_pretrained(staging)
             OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
-            (staging / "sft_state.json").write_text(json.dumps({"epoch": epoch, "base_model": self.cfg.model.path}))
+            (staging / "sft_state.json").write_text(json.dumps({"epoch": epoch, "base_model": self.cfg.model.path}),
+                                                     encoding="utf-8")
             for file in staging.iterdir():
                 os.replace(file, target / file.name)
             staging.rmdir()

@@ -25,9 +25,9 @@ def success_rates(evals: list[str]) -> list[tuple[str, float, int]]:
         if not sep or not path.is_file():
             raise FileNotFoundError(f"--evals {entry!r}: give label=folder, the folder holding the metrics.json "
                                     "of python -m ragen.eval")
-        metrics = json.loads(path.read_text())
+        metrics = json.loads(path.read_text(encoding="utf-8"))
         tags = sorted({key.split("/")[1] for key in metrics if key.startswith("val-env/")})
-        episodes = len((Path(folder) / "trajectories.jsonl").read_text().splitlines())
+        episodes = len((Path(folder) / "trajectories.jsonl").read_text(encoding="utf-8").splitlines())
         rates.append((label, sum(metrics[f"val-env/{t}/success"] for t in tags) / len(tags), episodes))
     return rates
 

@@ -1,12 +1,14 @@
 """The multi-turn loop with a scripted policy in place of the rollout workers."""
 
+import threading
+
 import pytest
 import torch
 
 from ragen.agent_proxy import AgentProxy, pass_at_k, repetition_rate, replies
 from ragen.config import AgentProxyConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
 from ragen.context_manager import ContextManager, Trajectory
-from ragen.env_state_manager import EnvStateManager
+from ragen.env_state_manager import EnvFailureError, EnvStateManager
 from verl.protocol import DataProto
 from verl.workers.rollout import SamplingParams
 
@@ -123,6 +125,43 @@ def test_validation_split_uses_val_metric_names_and_pass_at_k(tokenizer):
     metrics = proxy.rollout(step=0).metrics
     assert metrics["val-env/Bandit/success"] == 1.0 and metrics["val-env/Bandit/pass@2"] == 1.0
     assert "val/success_rate" in metrics and not any(k.startswith(("train/", "rollout/")) for k in metrics)
+
+
+def raise_on_step(action):
+    raise ValueError("boom")
+
+
+def test_an_env_that_raises_ends_only_its_trajectory_and_is_flagged(tokenizer):
+    proxy, policy = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=3)
+    proxy.env_manager.states[1].env.step = raise_on_step
+    rollout = proxy.rollout(step=1)
+    assert policy.calls == [4, 3, 3]  # the others play on
+    assert [r["env_error"] for r in rollout.records] == [None, "ValueError: boom", None, None]
+    assert rollout.records[1]["success"] is False and len(rollout.records[1]["turns"]) == 1
+    assert rollout.batch.non_tensor_batch["env_failed"].tolist() == [False, True, False, False]
+    assert rollout.metrics["rollout/env_failures"] == 1 and rollout.metrics["rollout/env_failure_rate"] == 0.25
+
+
+def test_a_hanging_env_in_validation_counts_as_unsuccessful(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Bandit", CustomEnvConfig(env_type="bandit", max_actions_per_traj=1),
+                          "ok</think><answer>dragon</answer>", max_turn=1, split="val")
+    proxy.env_manager.env_step_timeout_s = 0.2
+    release = threading.Event()
+    proxy.env_manager.states[2].env.step = lambda action: release.wait()
+    try:
+        rollout = proxy.rollout(step=0)
+    finally:
+        release.set()
+    assert rollout.records[2]["env_error"].startswith("TimeoutError") and rollout.records[2]["success"] is False
+    assert rollout.metrics["val-env/Bandit/success"] == 0.75 and rollout.metrics["val/env_failures"] == 1
+
+
+def test_too_many_failed_envs_stop_the_rollout_naming_one(tokenizer):
+    proxy, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=2)
+    for state in proxy.env_manager.states[:2]:  # 2 of 4 > the default share 0.25
+        state.env.step = raise_on_step
+    with pytest.raises(EnvFailureError, match=r"env tag 'Sokoban', seed 2: ValueError: boom"):
+        proxy.rollout(step=1)
 
 
 class Outcome:

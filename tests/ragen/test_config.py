@@ -1,6 +1,7 @@
 import pytest
 from hydra.errors import ConfigCompositionException
 
+import ragen.train
 from ragen.config import ConfigError, RagenConfig, load_config, validate
 
 
@@ -131,3 +132,97 @@ def test_a_mix_of_environments_per_batch():
     with pytest.raises(ConfigError, match=r"n_groups = \[4, 3\] must be >= 1 each and sum to es_manager.train"):
         validate(load("base", "scale=gpu", "es_manager.train.env_configs.tags=[SimpleSokoban,FrozenLake]",
                       "es_manager.train.env_configs.n_groups=[4,3]"), world_size=1)
+
+
+OUT_OF_RANGE = [  # (override, the key the message must name); each once crashed, failed late or was accepted
+    ("trainer.nnodes=0", "trainer.nnodes"),
+    ("trainer.n_cpu_ranks_per_node=0", "trainer.n_cpu_ranks_per_node"),
+    ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node"),
+    ("actor_rollout_ref.rollout.dtype=float8", "actor_rollout_ref.rollout.dtype"),
+    ("actor_rollout_ref.model.dtype=float16", "actor_rollout_ref.model.dtype"),
+    ("critic.model.dtype=float16", "critic.model.dtype"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9]", "actor_rollout_ref.actor.optim.betas"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9,0.999,0.5]", "actor_rollout_ref.actor.optim.betas"),
+    ("actor_rollout_ref.actor.optim.betas=[1.0,0.999]", "actor_rollout_ref.actor.optim.betas"),
+    ("actor_rollout_ref.actor.optim.betas=[-0.1,0.999]", "actor_rollout_ref.actor.optim.betas"),
+    ("critic.optim.betas=[0.9,nan]", "critic.optim.betas"),
+    ("actor_rollout_ref.actor.optim.weight_decay=-0.01", "actor_rollout_ref.actor.optim.weight_decay"),
+    ("critic.optim.weight_decay=inf", "critic.optim.weight_decay"),
+    ("actor_rollout_ref.rollout.top_k=-5", "actor_rollout_ref.rollout.top_k"),
+    ("trainer.seed=-100", "trainer.seed"),
+    ("actor_rollout_ref.actor.optim.lr=inf", "actor_rollout_ref.actor.optim.lr"),
+    ("critic.optim.lr=nan", "critic.optim.lr"),
+    ("es_manager.format_penalty=nan", "es_manager.format_penalty"),
+    ("es_manager.format_penalty=5", "es_manager.format_penalty"),
+    ("trainer.test_freq=0", "trainer.test_freq"),
+    ("actor_rollout_ref.actor.entropy_coeff=-1", "actor_rollout_ref.actor.entropy_coeff"),
+    ("actor_rollout_ref.actor.kl_loss_coef=inf", "actor_rollout_ref.actor.kl_loss_coef"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps=1000000000", "actor_rollout_ref.actor.optim.lr_warmup_steps"),
+    ("critic.optim.lr_warmup_steps=-1", "critic.optim.lr_warmup_steps"),
+    ("actor_rollout_ref.actor.optim.total_training_steps=0", "actor_rollout_ref.actor.optim.total_training_steps"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k=-5", "actor_rollout_ref.rollout.val_kwargs.top_k"),
+    ("trainer.critic_warmup=-1", "trainer.critic_warmup"),
+    ("trainer.critic_warmup=200", "trainer.critic_warmup"),  # = total_training_steps: the actor never trains
+    ("actor_rollout_ref.actor.grad_clip=inf", "actor_rollout_ref.actor.grad_clip"),
+    ("critic.grad_clip=nan", "critic.grad_clip"),
+    ("actor_rollout_ref.rollout.temperature=inf", "actor_rollout_ref.rollout.temperature"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature=nan", "actor_rollout_ref.rollout.val_kwargs.temperature"),
+    ("actor_rollout_ref.actor.clip_ratio_c=inf", "actor_rollout_ref.actor.clip_ratio_c"),
+    ("algorithm.kl_ctrl.kl_coef=-0.1", "algorithm.kl_ctrl.kl_coef"),
+    ("algorithm.kl_ctrl.target_kl=inf", "algorithm.kl_ctrl.target_kl"),
+    ("algorithm.kl_ctrl.horizon=0", "algorithm.kl_ctrl.horizon"),
+    ("algorithm.gigpo_step_weight=nan", "algorithm.gigpo_step_weight"),
+    ("critic.cliprange_value=inf", "critic.cliprange_value"),
+    ("trainer.logger=[console,mlflow]", "trainer.logger"),
+    ("trainer.max_consecutive_nonfinite_steps=-1", "trainer.max_consecutive_nonfinite_steps"),
+    ("trainer.experiment_name=' '", "trainer.experiment_name"),
+    ("ray.num_cpus_per_worker=0", "ray.num_cpus_per_worker"),
+    ("ray.num_cpus_per_worker=inf", "ray.num_cpus_per_worker"),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0",
+     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+]
+
+
+@pytest.mark.parametrize("override, key", OUT_OF_RANGE)
+def test_out_of_range_values_fail_naming_the_key_and_the_range(override, key):
+    cfg = load("base", "scale=cpu", override)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg, world_size=ragen.train.world_size(cfg))  # the rank count as `run` computes it
+    message = str(error.value)
+    assert key in message and any(word in message for word in ("must", "choose", "use ", "give")), message
+
+
+def test_float16_training_is_refused_with_the_dtypes_to_use():
+    with pytest.raises(ConfigError, match="use bfloat16 or float32"):
+        validate(load("base", "scale=cpu", "actor_rollout_ref.model.dtype=float16"), world_size=1)
+
+
+def test_the_ends_of_each_range_are_accepted():
+    cfg = load("base", "scale=cpu", "trainer.test_freq=-1", "trainer.save_freq=-1", "es_manager.format_penalty=0",
+               "actor_rollout_ref.rollout.top_k=0", "actor_rollout_ref.actor.entropy_coeff=0",
+               "actor_rollout_ref.actor.optim.betas=[0,0.999]", "actor_rollout_ref.actor.optim.weight_decay=0",
+               "actor_rollout_ref.actor.optim.lr_warmup_steps=200", "trainer.critic_warmup=199",
+               "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.model.dtype=float32")
+    validate(cfg, world_size=1)
+
+
+@pytest.mark.parametrize("override, key", [("trainer.nnodes=0", "trainer.nnodes"),
+                                           ("actor_rollout_ref.model.dtype=float16", "actor_rollout_ref.model.dtype")])
+def test_run_stops_on_a_bad_config_before_any_model_loads(monkeypatch, override, key):
+    def must_not_load(*args, **kwargs):
+        pytest.fail("a model or tokenizer was loaded before the config was checked")
+
+    for name in ("resolve_model_path", "load_tokenizer", "check_memory"):
+        monkeypatch.setattr(ragen.train, name, must_not_load)
+    with pytest.raises(ConfigError, match=key):
+        ragen.train.run(load("base", "scale=cpu", override))
+
+
+@pytest.mark.parametrize("override, key", [("es_manager.env_step_timeout_s=0", "es_manager.env_step_timeout_s"),
+                                           ("es_manager.max_env_failure_share=1.5", "es_manager.max_env_failure_share"),
+                                           ("es_manager.max_env_failure_share=nan", "es_manager.max_env_failure_share")])
+def test_env_failure_limits_fail_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=key):
+        validate(load("base", "scale=cpu", override), world_size=1)
+    validate(load("base", "scale=cpu", "es_manager.env_step_timeout_s=0.5", "es_manager.max_env_failure_share=0"),
+             world_size=1)

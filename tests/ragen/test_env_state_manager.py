@@ -1,7 +1,9 @@
+import threading
+
 import pytest
 
 from ragen.config import CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
-from ragen.env_state_manager import EnvStateManager
+from ragen.env_state_manager import EnvFailureError, EnvStateManager, call_with_timeout
 
 SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=3, env_config={"dim_x": 6, "dim_y": 6})
 BANDIT = CustomEnvConfig(env_type="bandit", max_actions_per_traj=1)
@@ -46,16 +48,62 @@ def test_invalid_actions_cost_no_budget_change_nothing_and_are_recorded():
     assert em.states[0].actions_left == 1
 
 
-def test_an_environment_that_raises_names_itself():
-    em = manager()
+def raise_on_step(action):
+    raise ValueError("boom")
+
+
+def test_an_environment_that_raises_ends_only_its_own_trajectory():
+    em = manager()  # 6 trajectories; the default share 0.25 tolerates one failure
     em.reset(step=1)
+    broken = em.states[1].env
+    broken.step = raise_on_step
+    record = em.step(1, ["Up", "Left"])
+    state = em.states[1]
+    assert state.done and not state.success and state.error == "ValueError: boom"
+    assert record.actions == [] and state.turns == [record]
+    assert state.env is not broken  # a fresh instance: the broken one may be half-updated
+    assert em.step(0, ["Up"]).valid == [True] and em.states[0].error is None  # the others play on
+    em.reset(step=2)
+    assert state.error is None and not state.done
+    assert em.step(1, ["Up"]).valid == [True]
 
-    def broken_step(action):
-        raise ValueError("boom")
 
-    em.states[1].env.step = broken_step
-    with pytest.raises(RuntimeError, match=r"Sokoban \(env 1, seed \d+\) raised on action 'Up': boom"):
-        em.step(1, ["Up"])
+def test_a_hanging_step_is_abandoned_after_the_timeout():
+    em = EnvStateManager(EnvGroupsConfig(env_groups=2, group_size=2, env_configs=EnvMixConfig(["Sokoban"], [2])),
+                         {"Sokoban": SOKOBAN}, seed=100, env_step_timeout_s=0.2)
+    em.reset(step=1)
+    release = threading.Event()
+    em.states[2].env.step = lambda action: release.wait()  # hangs until the test ends
+    try:
+        em.step(2, ["Up"])
+        assert em.states[2].done and em.states[2].error.startswith("TimeoutError: env.step('Up') did not return")
+        assert em.step(3, ["Up"]).valid == [True]  # the same group's other env, through the timed path
+    finally:
+        release.set()
+
+
+def test_more_failures_than_the_allowed_share_stop_the_rollout():
+    em = manager()  # 6 trajectories: 1 failure is within 0.25 of them, 2 are not
+    em.reset(step=1)
+    em.states[1].env.step = em.states[4].env.step = raise_on_step
+    em.step(1, ["Up"])
+    with pytest.raises(EnvFailureError, match=r"2 of 6 trajectories failed .*max_env_failure_share=0.25; the first: "
+                                              r"env tag 'Sokoban', seed 103: ValueError: boom; the last: env tag "
+                                              r"'Bandit', seed 105, action 'dragon': ValueError: boom"):
+        em.step(4, ["dragon"])
+    strict = manager()
+    strict.max_env_failure_share = 0.0  # any failure stops the run
+    strict.reset(step=1)
+    strict.states[0].env.step = raise_on_step
+    with pytest.raises(EnvFailureError, match="1 of 6"):
+        strict.step(0, ["Up"])
+
+
+def test_call_with_timeout_returns_or_reraises_in_the_caller():
+    assert call_with_timeout(lambda x: x + 1, 1, timeout_s=1.0) == 2
+    assert call_with_timeout(lambda x: x + 1, 1, timeout_s=None) == 2
+    with pytest.raises(ValueError, match="boom"):
+        call_with_timeout(raise_on_step, "Up", timeout_s=1.0)
 
 
 def test_a_group_shares_its_start_but_not_its_luck():

@@ -1,9 +1,13 @@
-"""The HTML trajectory browser: paths, index, pictures redrawn from text states, reply markup, escaping."""
+"""The HTML trajectory browser: paths, index, pictures redrawn from text states, reply markup, escaping,
+strict JSON (null for NaN) and UTF-8 whatever the locale."""
 
 import base64
 import io
 import json
+import os
 import struct
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,6 +18,9 @@ from ragen.config import CustomEnvConfig
 from ragen.envs import make_env
 from ragen.envs.utils import TILE
 from ragen.trajectory_browser import main, pick_trajectories, reply_html, write_index, write_step
+from verl.utils.tracking import write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
 
 CUSTOM_ENVS = {
     "SimpleSokoban": CustomEnvConfig("sokoban", 10, {"dim_x": 6, "dim_y": 6}),
@@ -238,3 +245,45 @@ def test_command_line_builds_the_browser_from_saved_records(tmp_path, capsys):
     assert [(r["step"], r["id"]) for r in index_rows(out)] == [(2, 0), (2, 1), (10, 0), (10, 1)]
     assert len(images(out / "step_10" / "trajectory_data_1.html")) == 2
     assert "wrote 4 trajectory pages from 2 steps" in capsys.readouterr().out
+
+
+def strict_json(text: str):
+    """json.loads that rejects the bare NaN and Infinity JSON.parse rejects in the browser."""
+    def reject(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def test_a_non_finite_reward_is_null_in_the_index_and_n_a_on_its_page(tmp_path):
+    record = play("Bandit", ["phoenix"])
+    record["reward"] = record["turns"][0]["reward"] = float("nan")
+    (page,) = write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)
+    index = write_index(tmp_path)
+    assert strict_json((tmp_path / "step_1" / "trajectories.json").read_text(encoding="utf-8"))[0]["reward"] is None
+    assert strict_json(Elements(index.read_text(encoding="utf-8")).scripts[0])[0]["reward"] is None
+    assert page.read_text(encoding="utf-8").count("<dt>reward</dt><dd>n/a</dd>") == 2  # the trajectory's, the turn's
+
+
+def test_command_line_reads_nulls_and_skips_a_torn_last_line(tmp_path):
+    rollouts = tmp_path / "rollouts" / "train"
+    records = [play("Bandit", ["phoenix"], env_id=i, group_id=i, seed=i) for i in range(2)]
+    records[1]["reward"] = float("inf")
+    write_jsonl(rollouts / "step_1.jsonl", records)
+    with (rollouts / "step_1.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"step": 1, "split": "train", "env_id": 2, "tu')  # a line cut short
+    main([str(rollouts), str(tmp_path / "out")])
+    assert [(r["id"], r["reward"]) for r in index_rows(tmp_path / "out")] == [(0, records[0]["reward"]), (1, None)]
+
+
+def test_the_browser_is_written_in_utf8_under_a_c_locale(tmp_path):
+    rollouts = tmp_path / "rollouts" / "train"
+    reply = "<think>naïve 🙂 ответ 思考</think><answer>{action}</answer>"
+    write_jsonl(rollouts / "step_1.jsonl", [play("Bandit", ["phoenix"], reply=reply)])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "LANG", "LC_CTYPE")}
+    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "ragen.trajectory_browser", str(rollouts), str(tmp_path / "out")]
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert "naïve 🙂 ответ 思考" in index_rows(tmp_path / "out")[0]["text"]
+    assert "ответ" in (tmp_path / "out" / "step_1" / "trajectory_data_0.html").read_text(encoding="utf-8")

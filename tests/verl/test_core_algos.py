@@ -653,6 +653,15 @@ def test_adaptive_kl_controller_moves_by_the_clipped_proportional_error():
     assert controller.value == pytest.approx(0.0924)
 
 
+@pytest.mark.parametrize("kl", [float("nan"), float("inf")])
+def test_adaptive_kl_controller_ignores_a_non_finite_kl(kl):
+    controller = KL_CONTROLLERS["adaptive"](kl_coef=0.1, target_kl=0.1, horizon=100)
+    controller.update(current_kl=kl, n_steps=50)
+    assert controller.value == 0.1  # a NaN coefficient would stay NaN for the rest of the run
+    controller.update(current_kl=0.11, n_steps=50)
+    assert controller.value == pytest.approx(0.105)
+
+
 # ---- StarPO-S variance filter ------------------------------------------------------------------------
 GROUP_STDS = torch.tensor([0.1, 0.5, 0.0, 0.3, 0.2, 0.4])  # (G,); total 1.5
 
@@ -711,6 +720,17 @@ def test_select_groups_ratio_one_keeps_every_group(strategy, filter_type):
 def test_select_groups_top_p_keeps_the_fewest_groups_at_an_exact_boundary():
     # 0.6 of the total 1.5 is 0.9 = 0.5 + 0.4: two groups reach it
     assert select_groups(GROUP_STDS, 0.6, "std", "top_p").tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("ratio, filter_type, strategy, expected", [
+    (1 / 3, "std", "top_k", [1, 3]),
+    (1 / 3, "std_rev", "top_k", [2, 0]),
+    (0.6, "std", "top_p", [1, 3]),  # 0.6 of the finite total 0.9 is 0.54: 0.5 < 0.54 <= 0.5 + 0.3
+    (0.6, "std_rev", "top_p", [2, 0, 3, 1]),  # 0 + 0.1 + 0.3 = 0.4 < 0.54 <= 0.9
+])
+def test_select_groups_ranks_a_nan_std_last(ratio, filter_type, strategy, expected):
+    stds = torch.tensor([0.1, 0.5, 0.0, 0.3, float("nan"), float("nan")])  # two groups with a NaN reward
+    assert select_groups(stds, ratio, filter_type, strategy).tolist() == expected
 
 
 # ---- masks ------------------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ from verl.trainer.ppo_trainer import PPOTrainer, groups_per_multiple
 from verl.utils.tracking import Tracking
 
 
-def rollout_batch(rewards: list[float], group_size: int) -> DataProto:
+def rollout_batch(rewards: list[float], group_size: int, env_failed: list[bool] | None = None) -> DataProto:
     """One prompt token, two generated tokens, the trajectory's reward on the last one."""
     n = len(rewards)
+    env_failed = [False] * n if env_failed is None else env_failed
     token_rewards = torch.zeros(n, 3)  # (B, T)
     token_rewards[:, 2] = torch.tensor(rewards)
     return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "loss_mask": torch.tensor([[0., 1, 1]] * n),
@@ -23,7 +24,7 @@ def rollout_batch(rewards: list[float], group_size: int) -> DataProto:
                             "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
                             "state_ids": torch.zeros(n, 3, dtype=torch.long),
                             "turn_ids": torch.zeros(n, 3, dtype=torch.long)},
-                     non_tensor_batch={"group_ids": np.arange(n) // group_size})
+                     non_tensor_batch={"group_ids": np.arange(n) // group_size, "env_failed": np.array(env_failed)})
 
 
 @dataclass
@@ -38,7 +39,8 @@ class ScriptedAgent:
         self.batch = batch
 
     def rollout(self, step):
-        records = [{"turns": [{"reward": r.item()}]} for r in self.batch.batch["trajectory_rewards"]]
+        records = [{"tag": "Bandit", "seed": i, "turns": [{"reward": r.item()}]}
+                   for i, r in enumerate(self.batch.batch["trajectory_rewards"])]
         return Rollout(self.batch, {"rollout/reward_mean": 0.0}, records)
 
 
@@ -179,6 +181,34 @@ def test_filter_keeps_whole_mini_batches_in_top_p_mode(tmp_path):
     assert groups_per_multiple(samples_multiple=8, group_size=16) == 1
 
 
+def test_filter_never_keeps_a_group_with_a_failed_environment(tmp_path):
+    # groups of 2: stds 0, 0.707, 0, 1.414; group 3, the most informative, had a failed environment
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+    failed = [False] * 7 + [True]
+    trainer, _ = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.25))
+    batch, metrics = trainer.filter(rollout_batch(rewards, 2, env_failed=failed))
+    assert batch.non_tensor_batch["group_ids"].tolist() == [1, 1]  # the best of the others
+    assert metrics["rollout/env_failed_groups"] == 1
+    assert metrics["rollout/chosen_in_group_std"] == pytest.approx(0.5 ** 0.5)
+    # filter off, mini-batches of 2 groups: of the 3 groups left, the 2 with the most spread fill one
+    trainer.rollout_config.rollout_filter_ratio, trainer.samples_multiple = 1.0, 4
+    batch, metrics = trainer.filter(rollout_batch(rewards, 2, env_failed=failed))
+    assert batch.non_tensor_batch["group_ids"].tolist() == [0, 0, 1, 1] and metrics["rollout/filter_kept_ratio"] == 0.5
+
+
+def test_a_step_in_which_every_group_failed_skips_the_update(tmp_path):
+    rewards = [1.0, 0.0, 1.0, 0.0]
+    trainer, calls = make_trainer(tmp_path, rewards, algorithm=AlgorithmConfig(adv_estimator="grpo"), critic=False)
+    trainer.agent.batch = rollout_batch(rewards, 2, env_failed=[True, False, False, True])
+    trainer.config.rollout_data_dir = str(tmp_path / "rollouts")
+    trainer.fit()
+    assert [what for _, what, _ in calls] == ["save_checkpoint"]
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert logged["rollout/filter_kept_ratio"] == 0 and logged["perf/update_tokens"] == 0
+    records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
+    assert [r["turns"][0]["advantage"] for r in records] == [None] * 4
+
+
 def test_filter_runs_before_scoring(tmp_path):
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
     trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.5))
@@ -231,3 +261,64 @@ def test_records_get_each_turns_advantage(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
     # group 0 (1, 0) is kept: +-0.707; group 1 (1, 1) has no spread and is filtered out
     assert [r["turns"][0]["advantage"] for r in records] == pytest.approx([0.7071, -0.7071, None, None], abs=1e-4)
+
+
+# ---- non-finite numbers and the metrics log --------------------------------------------------------------
+NAN = float("nan")
+
+
+def test_a_non_finite_reward_stops_the_run_naming_its_env_and_seed(tmp_path):
+    trainer, calls = make_trainer(tmp_path, [1.0, NAN, 0.0, float("inf")])
+    with pytest.raises(FloatingPointError, match=r"2 of 4 trajectories got a non-finite reward \(env tag 'Bandit', "
+                                                 r"seed 1: reward nan; env tag 'Bandit', seed 3: reward inf\)"):
+        trainer.fit()
+    assert calls == []  # nothing scored, nothing trained
+
+
+def test_non_finite_critic_values_stop_the_run_before_any_update(tmp_path):
+    trainer, calls = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0])
+    trainer.critic_wg.compute_values = lambda data: DataProto(batch={"values": torch.full((len(data), 3), NAN)})
+    with pytest.raises(FloatingPointError, match=r"8 of 8 values .* are non-finite: the critic diverged"):
+        trainer.fit()
+    assert [what for _, what, _ in calls if what.startswith("update")] == []
+
+
+def test_a_non_finite_kl_penalty_stops_the_run_and_leaves_the_kl_coefficient_finite(tmp_path):
+    algorithm = AlgorithmConfig(adv_estimator="reinforce_plus_plus", use_kl_in_reward=True,
+                                kl_ctrl=KLControlConfig(type="adaptive", kl_coef=0.1, target_kl=1.0, horizon=10))
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0], algorithm=algorithm, critic=False, use_reference=True)
+    batch = trainer.agent.batch.union(DataProto(batch={"old_log_probs": torch.full((2, 3), -1.0),
+                                                       "ref_log_probs": torch.tensor([[0, NAN, -1.5]] * 2)}))
+    with pytest.raises(FloatingPointError, match="token_rewards .* KL penalty"):
+        trainer.compute_advantage(batch)
+    assert trainer.kl_ctrl.value == 0.1
+
+
+@pytest.mark.parametrize("skipped, limit, steps_run", [
+    ([1, 1, 1, 1, 1], 3, 3),  # stops after the third step in a row
+    ([1, 1, 0, 2, 1], 3, 5),  # a step that took all its optimizer steps starts the count again
+    ([1, 1, 1, 1, 1], 0, 5),  # 0: never stops
+])
+def test_the_run_stops_after_consecutive_steps_that_skipped_an_optimizer_step(tmp_path, skipped, limit, steps_run):
+    trainer, calls = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0], steps=len(skipped))
+    trainer.config.max_consecutive_nonfinite_steps = limit
+    script = iter(skipped)
+    trainer.actor_rollout_wg.update_actor = lambda data: {"actor/nonfinite_skipped_steps": float(next(script))}
+    if steps_run < len(skipped):
+        with pytest.raises(FloatingPointError, match="3 training steps in a row skipped an optimizer step"):
+            trainer.fit()
+        assert ("actor", "save_checkpoint", None) not in calls
+    else:
+        trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, steps_run + 1))  # the last step's metrics are logged
+    assert [row["actor/nonfinite_skipped_steps"] for row in rows] == skipped[:steps_run]
+
+
+def test_a_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "old": 1}\n{"step": 2, "old": 2}\n{"step": 3, "o',
+                                            encoding="utf-8")  # an earlier run, killed in step 3, no checkpoint
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0], steps=2)
+    trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2] and not any("old" in row for row in rows)

@@ -78,3 +78,19 @@ def test_two_groups_on_one_placement_group_share_each_gpu_rank_by_rank():
         assert ids[0] == ids[1]  # rank i of the actor and rank i of the critic do
     finally:
         ray.shutdown()
+
+
+def test_a_node_placement_group_puts_each_node_s_ranks_together_and_the_nodes_apart(two_node_ray_cluster):
+    import ray
+
+    from verl.single_controller.worker_group import node_placement_group
+
+    ray.init(address=two_node_ray_cluster.address, configure_logging=False)
+    try:
+        group = RayWorkerGroup(type("NodeEcho", (EchoWorker,), {}), 0, world_size=4, num_cpus=0.5, num_gpus=0,
+                               placement_group=node_placement_group(nnodes=2, ranks_per_node=2, num_cpus=0.5))
+        first, second = group.node_ids[:2], group.node_ids[2:]
+        assert first[0] == first[1] and second[0] == second[1] and first[0] != second[0]
+        assert group.sum_of_ranks() == 6.0  # gloo all-reduce across the two nodes
+    finally:
+        ray.shutdown()  # before the cluster goes: Ray refuses to remove the node a driver is connected to

@@ -63,6 +63,12 @@ class Worker:
             s.bind(("", 0))
             return f"tcp://{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
 
+    def node_id(self) -> str:
+        """The Ray node this rank runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 def split_args(dispatch: str, world_size: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
     if dispatch == ONE_TO_ALL:

@@ -10,6 +10,10 @@ from typing import Any
 from verl.single_controller.base import collect, split_args
 
 
+class WorkerDiedError(RuntimeError):
+    """A worker process ended in the middle of a call (killed, out of memory, a crash in native code)."""
+
+
 class WorkerGroup:
     def __init__(self, worker_cls: type, world_size: int):
         self.worker_cls, self.world_size = worker_cls, world_size
@@ -39,8 +43,10 @@ class LocalWorkerGroup(WorkerGroup):
 
 
 class RayWorkerGroup(WorkerGroup):
-    """Rank i runs as a Ray actor; with a placement group, on its bundle i. Two groups given the same
-    placement group (actor and critic) thus share each GPU rank by rank, never two ranks of one group."""
+    """Rank i runs as a Ray actor; with a placement group of B bundles, on bundle i * B // world_size: one
+    bundle per rank (GPUs) or one per node (several CPU nodes). Two groups given the same placement group
+    (actor and critic) thus share each GPU rank by rank, never two ranks of one group. `node_ids[i]`: the
+    Ray node rank i runs on."""
 
     def __init__(self, worker_cls: type, *args, world_size: int, num_cpus: float, num_gpus: float,
                  placement_group=None, **kwargs):
@@ -52,18 +58,31 @@ class RayWorkerGroup(WorkerGroup):
         self.actors = []
         for rank in range(world_size):
             options = {} if placement_group is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group, placement_group_bundle_index=rank)}
+                placement_group, placement_group_bundle_index=rank * placement_group.bundle_count // world_size)}
             self.actors.append(remote_cls.options(**options).remote(*args, rank=rank, world_size=world_size,
                                                                      init_method=None, **kwargs))
         # torch.distributed meets at rank 0's node, which may not be the driver's
         init_method = ray.get(self.actors[0].master_address.remote())
         ray.get([actor.init_distributed.remote(init_method) for actor in self.actors])
+        self.node_ids: list[str] = ray.get([actor.node_id.remote() for actor in self.actors])
 
     def _run(self, name, per_rank):
+        """Every rank's answer, in rank order. The first rank to fail ends the call at once: its peers may
+        be waiting for it in a collective that will never complete, so waiting for them would hang."""
         import ray
 
-        return ray.get([getattr(actor, name).remote(*args, **kwargs)
-                        for actor, (args, kwargs) in zip(self.actors, per_rank)])
+        answers = [getattr(actor, name).remote(*args, **kwargs) for actor, (args, kwargs) in zip(self.actors, per_rank)]
+        pending = list(answers)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayActorError as e:
+                rank = answers.index(done[0])
+                raise WorkerDiedError(f"{self.worker_cls.__name__} rank {rank} (a Ray actor process) died during "
+                                      f"{name}(): {type(e).__name__}") from e
+        return ray.get(answers)
+
 
 
 def gpu_placement_group(world_size: int, num_cpus: float):
@@ -71,5 +90,15 @@ def gpu_placement_group(world_size: int, num_cpus: float):
     import ray
 
     group = ray.util.placement_group([{"GPU": 1, "CPU": num_cpus}] * world_size, strategy="PACK")
+    ray.get(group.ready())
+    return group
+
+
+def node_placement_group(nnodes: int, ranks_per_node: int, num_cpus: float):
+    """One bundle per node, each on a different node (STRICT_SPREAD), holding the CPUs of its ranks' workers;
+    ready before it is returned."""
+    import ray
+
+    group = ray.util.placement_group([{"CPU": ranks_per_node * num_cpus}] * nnodes, strategy="STRICT_SPREAD")
     ray.get(group.ready())
     return group

@@ -12,10 +12,10 @@ from typing import Any
 @dataclass
 class OptimConfig:
     lr: float = 1e-6  # AdamW learning rate
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), each in [0, 1)
     weight_decay: float = 0.0  # 0 so that weights move only where the loss has a gradient
     lr_scheduler: str = "constant"  # constant | cosine (to min_lr_ratio * lr at the last step); stepped once per update
-    lr_warmup_steps: int = 0  # linear warm-up from 0 over this many updates
+    lr_warmup_steps: int = 0  # linear warm-up from 0 over this many updates (at most total_training_steps)
     min_lr_ratio: float = 0.0  # cosine only
     total_training_steps: int = "${trainer.total_training_steps}"  # the cosine's length
 
@@ -23,7 +23,7 @@ class OptimConfig:
 @dataclass
 class ModelConfig:
     path: str = "${model_path}"  # resolved at start-up (bundled model, local folder or hub id)
-    dtype: str = "bfloat16"  # compute dtype of forward passes (bf16 autocast); master weights stay fp32
+    dtype: str = "bfloat16"  # bfloat16 | float32: forward-pass compute dtype (bf16 autocast); master weights stay fp32
     enable_gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~30% slower
     cpu_offload: bool = False  # FSDP keeps the weight shards, gradients and optimizer step in CPU memory (for GPUs)
 
@@ -74,7 +74,7 @@ class RolloutConfig:
     top_k: int = 0  # 0 disables top-k
     response_length: int = 400  # max new tokens per turn
     max_model_len: int | None = None  # longest trajectory in tokens; None: the model's max_position_embeddings
-    dtype: str = "bfloat16"  # weights of the rollout engine (never fp16 on CPU: no fast kernels)
+    dtype: str = "bfloat16"  # rollout weights: bfloat16 | float32 | float16 (never on CPU: no fast kernels)
     log_prob_micro_batch_size_per_gpu: int = 8  # trajectories per forward when scoring log-probs
     # StarPO-S variance filter: train only on the start states whose trajectories disagree most
     rollout_filter_ratio: float = 0.25  # top_k: fraction of groups kept; top_p: share of the summed std kept; 1 = off
@@ -144,12 +144,15 @@ class TrainerConfig:
     val_seed: int = 1_000_000
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    test_freq: int = 10  # validate every this many steps (and after the last); -1: never during training
+    test_freq: int = 10  # validate every this many steps (and after the last); -1: never after val_before_train
     val_before_train: bool = True  # validate the initial model first: the baseline of every val curve
-    critic_warmup: int = 0  # train only the critic for this many steps first
+    critic_warmup: int = 0  # train only the critic for this many steps first (< total_training_steps)
     save_freq: int = 20  # checkpoint every this many steps (and after the last); -1: only after the last
     resume_mode: str = "auto"  # auto: from the latest checkpoint in default_local_dir, if any | disable | <path>
+    resume_force: bool = False  # resume even though model, LoRA shape, estimator or training envs changed
     max_actor_ckpt_to_keep: int | None = None  # keep only the newest N checkpoints; None keeps all
+    # stop after this many steps in a row whose update skipped an optimizer step (non-finite gradient); 0: never
+    max_consecutive_nonfinite_steps: int = 3
     # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved
     rollout_data_dir: str | None = "${trainer.default_local_dir}/rollouts"
 

@@ -270,16 +270,19 @@ def select_groups(group_stds: torch.Tensor, ratio: float, filter_type: str, stra
 
     top_k keeps ceil(ratio * G) groups; top_p keeps the fewest groups whose stds add up to `ratio` of the
     total. std keeps the highest stds, std_rev the lowest. The count is rounded up to a multiple of
-    `multiple` (so the kept samples fill whole mini-batches); ties keep the earlier group.
+    `multiple` (so the kept samples fill whole mini-batches); ties keep the earlier group. A NaN std (a
+    group with a non-finite reward) ranks last either way: torch sorts NaN above every number.
     """
     n_groups = len(group_stds)
-    order = torch.sort(group_stds, descending=filter_type == "std", stable=True).indices
+    descending = filter_type == "std"
+    ranked = group_stds.nan_to_num(nan=-math.inf if descending else math.inf, posinf=math.inf, neginf=-math.inf)
+    order = torch.sort(ranked, descending=descending, stable=True).indices
     if ratio >= 1:
         keep = n_groups
     elif strategy == "top_k":
         keep = math.ceil(ratio * n_groups - 1e-9)
     else:
-        cumulative = torch.cumsum(group_stds[order].double(), 0)
+        cumulative = torch.cumsum(group_stds[order].double().nan_to_num(nan=0.0), 0)
         target = ratio * cumulative[-1] * (1 - 1e-6)  # relative slack: float rounding never adds a group
         keep = n_groups if cumulative[-1] <= 0 else int((cumulative < target).sum()) + 1
     keep = min(n_groups, math.ceil(max(keep, 1) / multiple) * multiple)
@@ -387,6 +390,8 @@ class AdaptiveKLController:
         self.value, self.target, self.horizon = kl_coef, target_kl, horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:
+        if not math.isfinite(current_kl):  # says nothing about the distance, and would make the coefficient NaN
+            return
         error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
         self.value *= 1 + error * n_steps / self.horizon
 

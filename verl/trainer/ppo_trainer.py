@@ -25,22 +25,27 @@ from verl.utils.tracking import Tracking, progress, write_jsonl
 
 class RolloutProducer(Protocol):
     def rollout(self, step: int):
-        """Play a batch of trajectories with the current policy; return an object with `.batch` (DataProto),
-        `.metrics` (dict[str, float]) and `.records` (list of JSON-able dicts, one per trajectory)."""
+        """Play a batch of trajectories with the current policy; return an object with `.batch` (DataProto;
+        per trajectory its `group_ids` and `env_failed` flag among the non-tensors), `.metrics` (dict[str,
+        float]) and `.records` (list of JSON-able dicts, one per trajectory)."""
 
 
 class PPOTrainer:
     def __init__(self, config: TrainerConfig, algorithm: AlgorithmConfig, rollout_config: RolloutConfig,
                  actor_rollout_wg, critic_wg, agent: RolloutProducer, tracker: Tracking,
                  val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1,
-                 on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None):
+                 on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None,
+                 run_config: dict | None = None):
         """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
         many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps.
         `on_policy_batch`: a batch of at most this many trajectories is one actor step on the policy that
         sampled it (one PPO epoch, one mini-batch), so its old log-probs are the current ones and no pass
         computes them (TRL and veRL skip it too); 0 computes them always.
-        `on_records(records, split, step)` sees every rollout's records once saved (the HTML browser)."""
+        `on_records(records, split, step)` sees every rollout's records once saved (the HTML browser).
+        `run_config`: the run's whole resolved config, written into every checkpoint so that a resume can tell
+        what changed (`checkpoint.check_resume`); None writes an empty one."""
         self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
+        self.run_config = run_config or {}
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
         self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
@@ -56,56 +61,71 @@ class PPOTrainer:
         if done >= last:
             print(f"the checkpoint is at step {done} >= trainer.total_training_steps={last}: nothing to train "
                   "(trainer.resume_mode=disable starts over)", flush=True)
+        nonfinite_steps = 0  # training steps in a row whose update skipped an optimizer step
         for step in progress(range(done + 1, last + 1), desc="training steps", initial=done, total=last):
             metrics: dict[str, float] = {}
             with timed("step", metrics):
                 with timed("gen", metrics):
                     rollout = self.agent.rollout(step)
+                check_finite_rewards(rollout.batch, rollout.records)
                 records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
                 batch, filter_metrics = self.filter(rollout.batch.union(records))
-                batch = self.balance(batch)
-                if len(batch) > self.on_policy_batch or self.algorithm.use_kl_in_reward:
-                    with timed("old_log_prob", metrics):
-                        batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
-                if self.use_reference:
-                    with timed("ref", metrics):
-                        batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
-                if self.critic_wg is not None:
-                    with timed("values", metrics):
-                        batch = batch.union(self.critic_wg.compute_values(batch))
-                with timed("adv", metrics):
-                    batch, adv_metrics = self.compute_advantage(batch)
+                adv_metrics: dict[str, float] = {}
+                if len(batch) > 0:  # none is left when every group had a failed environment: no update
+                    batch = self.balance(batch)
+                    if len(batch) > self.on_policy_batch or self.algorithm.use_kl_in_reward:
+                        with timed("old_log_prob", metrics):
+                            batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+                    if self.use_reference:
+                        with timed("ref", metrics):
+                            batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+                    if self.critic_wg is not None:
+                        with timed("values", metrics):
+                            batch = batch.union(self.critic_wg.compute_values(batch))
+                    with timed("adv", metrics):
+                        batch, adv_metrics = self.compute_advantage(batch)
+                    if self.critic_wg is not None:
+                        with timed("update_critic", metrics):
+                            metrics |= self.critic_wg.update_critic(batch)
+                    metrics["actor/zero_variance_skip"] = float(self.is_zero_variance(batch))
+                    if step > self.config.critic_warmup and not metrics["actor/zero_variance_skip"]:
+                        with timed("update_actor", metrics):
+                            metrics |= self.actor_rollout_wg.update_actor(batch)
                 self.save_records(with_advantages(rollout.records, batch), "train", step)
-                if self.critic_wg is not None:
-                    with timed("update_critic", metrics):
-                        metrics |= self.critic_wg.update_critic(batch)
-                metrics["actor/zero_variance_skip"] = float(self.is_zero_variance(batch))
-                if step > self.config.critic_warmup and not metrics["actor/zero_variance_skip"]:
-                    with timed("update_actor", metrics):
-                        metrics |= self.actor_rollout_wg.update_actor(batch)
                 if self.val_agent is not None and self.config.test_freq > 0 and (
                         step % self.config.test_freq == 0 or step == last):
                     metrics |= self.validate(step)
             metrics |= throughput(rollout.batch, batch, metrics)
             self.tracker.log(rollout.metrics | filter_metrics | adv_metrics | metrics, step)
+            nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
+                                                    self.config.max_consecutive_nonfinite_steps)
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
                 self.save(step)
 
     def filter(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-        """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most."""
+        """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most.
+
+        A group with a trajectory whose environment failed (`env_failed`) is never kept: GRPO's or RLOO's
+        baseline over the survivors alone would be biased. The variance filter ranks the other groups; when
+        failures leave too few of them for whole mini-batches the count is rounded down, to none if need be."""
         cfg = self.rollout_config
         rewards = batch.batch["trajectory_rewards"]
         index = group_index(batch.non_tensor_batch["group_ids"])
         _, stds = group_mean_std(rewards, index)
         group_stds = torch.zeros(int(index.max()) + 1).index_put_((index,), stds)  # (G,)
+        failed_groups = np.unique(index.numpy()[batch.non_tensor_batch["env_failed"].astype(bool)])
+        healthy = torch.as_tensor(np.setdiff1d(np.arange(len(group_stds)), failed_groups))  # (H,) group indices
         group_size = len(batch) // len(group_stds)
         multiple = groups_per_multiple(self.samples_multiple, group_size)
-        kept = select_groups(group_stds, cfg.rollout_filter_ratio, cfg.rollout_filter_type,
-                             cfg.rollout_filter_strategy, multiple=multiple)
+        kept = healthy[select_groups(group_stds[healthy], cfg.rollout_filter_ratio, cfg.rollout_filter_type,
+                                     cfg.rollout_filter_strategy, multiple=multiple)] if len(healthy) else healthy
+        kept = kept[:len(kept) // multiple * multiple]
         keep = np.isin(index.numpy(), kept.numpy())
         metrics = {"rollout/in_group_std": group_stds.mean().item(),
-                   "rollout/chosen_in_group_std": group_stds[kept].mean().item(),
-                   "rollout/filter_kept_ratio": len(kept) / len(group_stds)}
+                   "rollout/filter_kept_ratio": len(kept) / len(group_stds),
+                   "rollout/env_failed_groups": float(len(failed_groups))}
+        if len(kept):
+            metrics["rollout/chosen_in_group_std"] = group_stds[kept].mean().item()
         return batch[keep], metrics
 
     def balance(self, batch: DataProto) -> DataProto:
@@ -127,6 +147,8 @@ class PPOTrainer:
         advantages, returns = ADV_ESTIMATORS[algo.adv_estimator].fn(
             token_rewards=token_rewards, values=values, adv_mask=adv_mask, turn_ends=turn_end_mask(loss_mask),
             group_ids=batch.non_tensor_batch["group_ids"], state_ids=batch.batch["state_ids"], config=algo)
+        check_finite_advantages({"token_rewards": token_rewards, "values": values, "advantages": advantages,
+                                 "returns": returns}, adv_mask)
         metrics |= {"critic/advantages_mean": masked_mean(advantages, adv_mask).item(),
                     "critic/advantages_max": advantages[adv_mask.bool()].max().item(),
                     "critic/advantages_min": advantages[adv_mask.bool()].min().item()}
@@ -165,30 +187,32 @@ class PPOTrainer:
             self.on_records(records, split, step)
 
     def save(self, step: int) -> Path:
-        """Checkpoint every worker group and the trainer's own state; atomic (see verl/utils/checkpoint.py)."""
+        """Checkpoint every worker group, the trainer's own state and the run's config; atomic (see
+        verl/utils/checkpoint.py). The number of ranks is recorded: each rank resumes its own optimizer shard."""
         staging = checkpoint.staging_dir(self.config.default_local_dir, step)
         self.actor_rollout_wg.save_checkpoint(str(staging / "actor"))
         if self.critic_wg is not None:
             self.critic_wg.save_checkpoint(str(staging / "critic"))
-        path = checkpoint.commit(staging, step, {"step": step, "kl_coef": self.kl_ctrl.value},
-                                 keep=self.config.max_actor_ckpt_to_keep)
+        state = {"step": step, "world_size": self.actor_rollout_wg.world_size, "kl_coef": self.kl_ctrl.value,
+                 "initial_kl_coef": self.algorithm.kl_ctrl.kl_coef}
+        path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep)
         print(f"saved checkpoint {path}", flush=True)
         return path
 
     def resume(self) -> int:
         """Load the checkpoint `trainer.resume_mode` names; return its step (0: a fresh start).
-        Environment seeds and sampling seeds derive from the step, so the steps after it replay exactly."""
-        mode = self.config.resume_mode
-        if mode == "disable":
-            return 0
-        path = checkpoint.latest_checkpoint(self.config.default_local_dir) if mode == "auto" else Path(mode)
+        Environment seeds and sampling seeds derive from the step, so the steps after it replay exactly.
+        Whether the checkpoint fits this run (ranks, settings) was checked at start-up (`checkpoint.check_resume`)."""
+        path = checkpoint.resume_path(self.config)
         if path is None:
             return 0
         state = checkpoint.read_trainer_state(path)
+        checkpoint.set_driver_rng_state(state["rng"])
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(str(path / "critic"))
-        self.kl_ctrl.value = state["kl_coef"]
+        if state["initial_kl_coef"] == self.algorithm.kl_ctrl.kl_coef:  # a new algorithm.kl_ctrl.kl_coef restarts it
+            self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
         print(f"resumed from {path} (step {state['step']})", flush=True)
         return state["step"]
@@ -199,12 +223,65 @@ def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
     for record in records:
         for turn in record["turns"]:
             turn["advantage"] = None
+    if len(batch) == 0:  # nothing was trained on this step
+        return records
     advantages, mask, turn_ids = batch.batch["advantages"], batch.batch["loss_mask"].bool(), batch.batch["turn_ids"]
     for row, index in enumerate(batch.non_tensor_batch["record_index"]):
         for k, turn in enumerate(records[index]["turns"]):
             tokens = mask[row] & (turn_ids[row] == k)
             turn["advantage"] = advantages[row][tokens].mean().item() if tokens.any() else None
     return records
+
+
+def check_finite_rewards(batch: DataProto, records: list[dict]) -> None:
+    """Stop on a non-finite trajectory reward, naming its environment and seed. It is an environment's bug,
+    and trained on it would turn its whole group's (GRPO) or batch's (whitened GAE) advantages into NaN."""
+    rewards = batch.batch["trajectory_rewards"]
+    bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()
+    if bad:
+        where = "; ".join(f"env tag {records[i]['tag']!r}, seed {records[i]['seed']}: reward {rewards[i].item()}"
+                          for i in bad[:5])
+        raise FloatingPointError(f"{len(bad)} of {len(rewards)} trajectories got a non-finite reward ({where}). "
+                                 "An environment's step() must return a finite reward: replay that env tag and "
+                                 "seed to find the state that produces it")
+
+
+# Why a tensor of the advantage computation can be non-finite when the ones computed before it are finite
+NONFINITE_CAUSES = {
+    "token_rewards": "the environments' rewards are finite, so the KL penalty (algorithm.use_kl_in_reward) is "
+                     "not: the old or reference log-probs hold inf or NaN",
+    "values": "the critic diverged; lower critic.optim.lr",
+    "advantages": "the advantage estimator overflowed on finite rewards and values",
+    "returns": "the advantage estimator overflowed on finite rewards and values",
+}
+
+
+def check_finite_advantages(tensors: dict[str, torch.Tensor], adv_mask: torch.Tensor) -> None:
+    """Stop before a non-finite number reaches the update: name the first of `tensors` (each computed from
+    the ones before it) with one on the advantage tokens, and its likely cause."""
+    for name, tensor in tensors.items():
+        bad = ~torch.isfinite(tensor[adv_mask.bool()])
+        if bad.any():
+            raise FloatingPointError(f"{int(bad.sum())} of {bad.numel()} {name} (on the tokens of adv_mask) are "
+                                     f"non-finite: {NONFINITE_CAUSES[name]}")
+
+
+def count_nonfinite_steps(streak: int, metrics: dict[str, float], limit: int) -> int:
+    """The number of training steps in a row, this one included, whose actor or critic update skipped an
+    optimizer step on a non-finite gradient norm (a step without an update keeps the count). Raises when it
+    reaches `limit` (0: never): the run has diverged, and skipping on would only look alive."""
+    skipped = [metrics[f"{role}/nonfinite_skipped_steps"] for role in ("actor", "critic")
+               if f"{role}/nonfinite_skipped_steps" in metrics]
+    if not skipped:
+        return streak
+    streak = streak + 1 if any(skipped) else 0
+    if 0 < limit <= streak:
+        raise FloatingPointError(
+            f"{streak} training steps in a row skipped an optimizer step on a non-finite loss or gradient norm "
+            "(actor/ and critic/nonfinite_skipped_steps in metrics.jsonl): the run has diverged. Resume from the "
+            "last checkpoint with a lower learning rate or grad_clip, or raise "
+            "trainer.max_consecutive_nonfinite_steps (0: never stop)")
+    return streak
 
 
 def equal_rewards_within_groups(batch: DataProto) -> bool:

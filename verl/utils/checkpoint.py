@@ -6,11 +6,20 @@ Layout under `trainer.default_local_dir`:
         actor/                  Hugging Face folder (safetensors, config, tokenizer): from_pretrained loads it
         actor/train_state_rank{r}.pt   optimizer, LR scheduler and RNG state of rank r
         critic/                 the same for the critic, when there is one
-        trainer_state.json      the step (environment seeds derive from it), KL controller, driver RNG
-    latest_checkpointed_iteration.txt   N of the newest complete checkpoint
+        config.yaml             the run's resolved config: a resume reports and checks what changed since
+        trainer_state.json      the step, the number of ranks, KL controller, driver RNG; written last, so
+                                its presence marks the checkpoint complete
+    latest_checkpointed_iteration.txt   N of the checkpoint written last
 
-A checkpoint is written into `global_step_N.tmp/` and renamed to `global_step_N/` only once every
-worker has finished (a rename is atomic), and only then does the `latest` file move to it.
+A checkpoint is written into `global_step_N.tmp/`, fsynced, and renamed to `global_step_N/` only once every
+worker has finished (a rename is atomic); only then does the `latest` file move to it. A checkpoint saved
+again (a resumed run redoing a step) replaces the old one without a moment where a half-deleted folder
+carries its name (`replace_folder`).
+
+A resumed run keeps the state in the checkpoint (weights, optimizer moments, the schedule's position, RNG)
+and takes its settings from its own config: a new learning rate or schedule applies from the first step.
+Settings the checkpoint cannot continue under (`FIXED_ON_RESUME`, the number of ranks) are refused at
+start-up, before any model loads (`check_resume`).
 """
 
 import json
@@ -20,13 +29,29 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+import torch.distributed.tensor  # noqa: F401  registers DTensor (FSDP2 optimizer state) with weights_only loads
+import yaml
+
+from verl.trainer.config import TrainerConfig
 
 LATEST = "latest_checkpointed_iteration.txt"
 TRAINER_STATE = "trainer_state.json"
+RUN_CONFIG = "config.yaml"
+
+# Keys of the run's root config (ragen/config.py) that a resume may not change, with everything under them:
+# the checkpoint's tensors would not fit (model, LoRA shape, a critic that appears or vanishes), or the steps
+# after the resume would train on other start states and batches than the steps before it.
+# `trainer.resume_force=true` resumes anyway.
+FIXED_ON_RESUME = ("model_path", "actor_rollout_ref.model.path", "critic.model.path", "lora.rank", "lora.alpha",
+                   "lora.target_modules", "algorithm.adv_estimator", "es_manager.train", "custom_envs")
+
+
+class ResumeError(ValueError):
+    """A checkpoint this run cannot resume from; the message says why and what to do instead."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -41,23 +66,51 @@ def staging_dir(root: str | Path, step: int) -> Path:
     return staging
 
 
-def commit(staging: Path, step: int, trainer_state: dict, keep: int | None) -> Path:
-    """Finish a checkpoint: its trainer state, the atomic rename, the `latest` pointer, then pruning."""
-    (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "rng": driver_rng_state()}))
+def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep: int | None) -> Path:
+    """Finish a checkpoint: the run's config, the trainer state (the completeness marker, written last), the
+    swap into place, the `latest` pointer, then pruning."""
+    (staging / RUN_CONFIG).write_text(yaml.safe_dump(run_config, sort_keys=False), encoding="utf-8")
+    (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "rng": driver_rng_state()}), encoding="utf-8")
     final = step_dir(staging.parent, step)
     replace_folder(staging, final)  # the same step saved again (a resumed run redoing it): the new one wins
     _write_atomic(staging.parent / LATEST, str(step))
     if keep is not None:
-        for old in sorted(_complete_steps(staging.parent))[:-keep]:
-            shutil.rmtree(step_dir(staging.parent, old))
+        prune(staging.parent, step, keep)
     return final
 
 
+def prune(root: Path, step: int, keep: int) -> None:
+    """Keep the `keep` newest checkpoints of the run that has just written `step`: `step` itself, which
+    always stays, and those before it. Checkpoints after `step` were written by a run that this one resumed
+    from an earlier point, an abandoned future: they go first, so that what this run writes survives."""
+    steps = _complete_steps(root)
+    earlier = sorted(s for s in steps if s < step)
+    abandoned = [s for s in steps if s > step]
+    for old in abandoned + earlier[:max(0, len(earlier) - (keep - 1))]:
+        remove(step_dir(root, old))
+
+
 def replace_folder(staging: Path, target: Path) -> None:
-    """Move the finished `staging` folder to `target`, replacing whatever was there (the rename is atomic)."""
+    """Move the finished `staging` folder to `target`, replacing whatever was there. A crash at any point
+    leaves under `target` the old folder whole, the new one whole, or nothing; never half of one.
+
+    The files are fsynced first, so that the rename cannot reach the disk before their contents do. The old
+    folder is renamed aside, under a hidden name no reader looks at, before the new one moves in, and is
+    deleted only then (deleting it in place left half-deleted checkpoints that looked complete)."""
+    _fsync_tree(staging)
+    aside = target.with_name(f".{target.name}.old")
+    remove(aside)  # left by a crash between the two renames
     if target.exists():
-        shutil.rmtree(target)
+        os.replace(target, aside)
     os.replace(staging, target)
+    _fsync(target.parent)
+    remove(aside)
+
+
+def remove(folder: Path) -> None:
+    """Delete a checkpoint folder, its completeness marker first: a crash mid-delete leaves an incomplete one."""
+    (folder / TRAINER_STATE).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
@@ -79,25 +132,73 @@ def written_whole(target: str | Path) -> Iterator[Path]:
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None."""
+    """The checkpoint written last under `root` (the `latest` pointer), or None. Only if the pointer is
+    missing or names no complete checkpoint (a crash between a commit's steps): the complete one of the
+    highest step."""
     pointer = Path(root) / LATEST
     if pointer.is_file():
-        path = step_dir(root, int(pointer.read_text().strip()))
+        path = step_dir(root, int(pointer.read_text(encoding="utf-8").strip()))
         if (path / TRAINER_STATE).is_file():
             return path
-    steps = _complete_steps(Path(root))  # the pointer is missing or stale: fall back to what is there
+    steps = _complete_steps(Path(root))
     return step_dir(root, max(steps)) if steps else None
 
 
+def resume_path(config: TrainerConfig) -> Path | None:
+    """The checkpoint `trainer.resume_mode` names: auto, the latest one in `default_local_dir` (None when
+    there is none); disable, None; otherwise the given folder."""
+    if config.resume_mode == "disable":
+        return None
+    if config.resume_mode == "auto":
+        return latest_checkpoint(config.default_local_dir)
+    return Path(config.resume_mode)
+
+
+def check_resume(config: TrainerConfig, world_size: int, run_config: dict) -> dict[str, tuple[Any, Any]]:
+    """Refuse, before any model loads, to resume from a checkpoint of another number of ranks or with other
+    values of `FIXED_ON_RESUME`; print the other settings that changed since it was written (they apply from
+    the first resumed step). Returns the changes: {dotted key: (checkpoint's value, this run's)}."""
+    path = resume_path(config)
+    if path is None:
+        return {}
+    state = read_trainer_state(path)
+    if "world_size" not in state or not (path / RUN_CONFIG).is_file():
+        raise ResumeError(f"{path} was written by an earlier RAGEN, without the rank count and config a resume "
+                          "checks: start over (trainer.resume_mode=disable or another trainer.experiment_name), "
+                          "or load its weights as a model (model_path=<that folder>)")
+    saved_ranks = state["world_size"]
+    if saved_ranks != world_size:
+        raise ResumeError(f"{path} was saved by {saved_ranks} rank(s) and this run has {world_size}: each rank "
+                          f"resumes its own optimizer shard, so run {saved_ranks} rank(s) (trainer.nnodes x "
+                          "trainer.n_gpus_per_node, or trainer.n_cpu_ranks_per_node without a GPU), or start "
+                          "over with trainer.resume_mode=disable")
+    changes = config_changes(yaml.safe_load((path / RUN_CONFIG).read_text(encoding="utf-8")), run_config)
+    fixed = {key: change for key, change in changes.items()
+             if any(key == name or key.startswith(name + ".") for name in FIXED_ON_RESUME)}
+    if fixed and not config.resume_force:
+        raise ResumeError(f"{path} was trained with other values of settings a resume cannot change:\n"
+                          + _listed(fixed) + "\nstart over (trainer.resume_mode=disable or another "
+                          "trainer.experiment_name), or set trainer.resume_force=true to resume anyway")
+    if changes:
+        print(f"resuming {path} with settings changed since it was written (they apply from here on):\n"
+              + _listed(changes), flush=True)
+    return changes
+
+
+def config_changes(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)} of every leaf that differs; "<absent>" where a key is missing."""
+    old, new = _flat(old), _flat(new)
+    return {key: (old.get(key, "<absent>"), new.get(key, "<absent>")) for key in sorted(old.keys() | new.keys())
+            if old.get(key, "<absent>") != new.get(key, "<absent>")}
+
+
 def read_trainer_state(path: str | Path) -> dict:
-    """The trainer state of a checkpoint folder; restores the driver's random streams."""
+    """The trainer state of a checkpoint folder (`rng`: the driver's, for `set_driver_rng_state`)."""
     state_file = Path(path) / TRAINER_STATE
     if not state_file.is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {TRAINER_STATE}): pass a "
-                                "global_step_N folder to trainer.resume_mode, or use auto")
-    state = json.loads(state_file.read_text())
-    set_driver_rng_state(state.pop("rng"))
-    return state
+        raise ResumeError(f"{path} is not a complete checkpoint (no {TRAINER_STATE}): pass a global_step_N "
+                          "folder to trainer.resume_mode, or use auto")
+    return json.loads(state_file.read_text(encoding="utf-8"))
 
 
 def save_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimizer, scheduler) -> None:
@@ -110,14 +211,24 @@ def save_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimiz
     torch.save(state, Path(path) / f"train_state_rank{rank}.pt")
 
 
-def load_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimizer, scheduler) -> None:
+def load_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimizer,
+                     scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Restore one rank's optimizer state (moments, step counts), the schedule's position and the random
+    streams. The settings stay those `optimizer` and `scheduler` were built with, this run's config: the
+    saved state dicts carry the old lr, betas and weight decay, which would silently win over a new config.
+    Loaded with `weights_only`: tensors and plain containers only, so a checkpoint cannot run code."""
     file = Path(path) / f"train_state_rank{rank}.pt"
     if not file.is_file():
         raise FileNotFoundError(f"{file} is missing: the checkpoint was written by a run with fewer ranks; "
                                 "resume with the same number of ranks")
-    state = torch.load(file, weights_only=False)
+    state = torch.load(file, weights_only=True)
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    updates_done = state["scheduler"]["last_epoch"]
+    lrs = [base_lr * factor(updates_done) for base_lr, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    scheduler.load_state_dict(state["scheduler"] | {"base_lrs": scheduler.base_lrs, "_last_lr": lrs})
+    for group, setting, lr in zip(optimizer.param_groups, settings, lrs):
+        group.update(setting, lr=lr)
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_rng"])
@@ -138,11 +249,44 @@ def set_driver_rng_state(state: dict) -> None:
 
 
 def _complete_steps(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under `root` (not staging folders, not ones renamed aside)."""
     return [int(p.name.removeprefix("global_step_")) for p in root.glob("global_step_*")
-            if p.is_dir() and p.suffix != ".tmp" and (p / TRAINER_STATE).is_file()]
+            if p.name.removeprefix("global_step_").isdigit() and (p / TRAINER_STATE).is_file()]
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
+    return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
 
 
 def _write_atomic(path: Path, text: str) -> None:
     staging = path.with_name(path.name + ".tmp")
-    staging.write_text(text)
+    staging.write_text(text, encoding="utf-8")
+    _fsync(staging)
     os.replace(staging, path)
+    _fsync(path.parent)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under `folder` to the disk (the workers wrote them; any descriptor will do)."""
+    for directory, _, files in os.walk(folder):
+        for name in files:
+            _fsync(Path(directory) / name)
+        _fsync(Path(directory))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -81,7 +81,7 @@ def _bundled_model_folder(name: str) -> Path:
     target = cache_dir() / "models" / Path(gguf_name).stem
     marker = target / "ragen_source.json"
     source = {"gguf": gguf_name, "size": gguf_file.stat().st_size}  # the file, wherever its venv is
-    if marker.is_file() and json.loads(marker.read_text()) == source:
+    if marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == source:
         return target
     print(f"[ragen] converting the bundled {gguf_name} to safetensors in {target} (once, ~20 s)", flush=True)
     _convert_gguf(gguf_file, target, source)
@@ -104,7 +104,7 @@ def _convert_gguf(gguf_file: Path, target: Path, source: dict) -> None:
             del model.config.quantization_config
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "ragen_source.json").write_text(json.dumps(source))
+        (staging / "ragen_source.json").write_text(json.dumps(source), encoding="utf-8")
 
 
 def load_tokenizer(path: str):
@@ -217,7 +217,7 @@ def read_weights(model: torch.nn.Module, folder: str | Path) -> dict[str, torch.
 
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() \
         else ["model.safetensors"]
     state = {}
     for name in files:

@@ -1,11 +1,16 @@
 """Metric loggers behind one call: `tracker.log(metrics, step)`.
 
 - `console` prints one summary line per step;
-- `jsonl` appends every metric of every step to `<run_dir>/metrics.jsonl`, one JSON object per line, so a
-  run can be read back (and plotted, `python -m ragen.plot`) without any service;
+- `jsonl` writes every metric of every step to `<run_dir>/metrics.jsonl`, one JSON object per line, so a
+  run can be read back (and plotted, `python -m ragen.plot`) without any service. A run starts the file
+  anew with its first row; a resumed one (`truncate`) keeps the rows up to its checkpoint and appends;
 - `wandb` logs to Weights & Biases: online with an account, or with `WANDB_MODE=offline` into
   `<run_dir>/wandb/` with none (`wandb sync` uploads it later);
 - `tensorboard` writes event files to `<run_dir>/tensorboard/` (`tensorboard --logdir <run_dir>`).
+
+Metrics and rollout records are written as JSON by `to_json`: a NaN or infinite number becomes null, where
+`json.dumps` would write a bare `NaN` that JSON.parse in the browser (and every strict parser) rejects.
+Text files are UTF-8 whatever the locale: model output is any Unicode.
 """
 
 import json
@@ -29,6 +34,7 @@ class Tracking:
             raise ValueError(f"trainer.logger: unknown logger(s) {sorted(unknown)}; supported: {list(self.SUPPORTED)}")
         self.loggers = loggers
         self.jsonl_path = Path(run_dir) / "metrics.jsonl"
+        self.jsonl_mode = "w"  # an old run's rows in a reused folder must not mix with ours; `truncate` appends
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         self.wandb = self.tensorboard = None
         if "wandb" in loggers:
@@ -45,8 +51,9 @@ class Tracking:
             shown = [f"{_label(k)}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics]
             print(f"step {step}: " + " ".join(shown), flush=True)
         if "jsonl" in self.loggers:
-            with self.jsonl_path.open("a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
+            with self.jsonl_path.open(self.jsonl_mode, encoding="utf-8") as f:
+                f.write(to_json({"step": step, **metrics}) + "\n")
+            self.jsonl_mode = "a"
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
         if self.tensorboard is not None:
@@ -61,15 +68,11 @@ class Tracking:
             self.tensorboard.close()
 
     def truncate(self, after_step: int) -> None:
-        """Drop the logged rows of steps after `after_step` (a resumed run logs them again)."""
+        """Continue a resumed run's log: keep the rows of steps up to `after_step` (later ones are logged
+        again), drop a line torn by the crash, and append from here on."""
         if "jsonl" in self.loggers and self.jsonl_path.is_file():
-            rows = []
-            for line in self.jsonl_path.read_text().splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # the torn last line of a killed run
-                    continue
-            write_jsonl(self.jsonl_path, [row for row in rows if row["step"] <= after_step])
+            write_jsonl(self.jsonl_path, [row for row in read_jsonl(self.jsonl_path) if row["step"] <= after_step])
+        self.jsonl_mode = "a"
 
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
@@ -77,10 +80,37 @@ def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + ".tmp")
-    with staging.open("w") as f:
+    with staging.open("w", encoding="utf-8") as f:
         for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(to_json(row) + "\n")
     staging.replace(path)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a JSONL file, skipping any line that is not a whole JSON value: the last line of a run
+    killed mid-write is cut short (possibly mid-character)."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def to_json(value, indent: int | None = None) -> str:
+    """`value` as strict JSON, non-finite numbers (at any depth) as null, non-ASCII text as it is."""
+    return json.dumps(_finite_or_null(value), ensure_ascii=False, allow_nan=False, indent=indent)
+
+
+def _finite_or_null(value):
+    if isinstance(value, float):  # numpy's float64 too
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _label(key: str) -> str:

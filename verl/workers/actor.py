@@ -83,12 +83,11 @@ class ActorRolloutRefWorker(Worker):
         """PPO epochs over mini-batches; each mini-batch is one optimizer step, accumulated over micro-batches."""
         cfg = self.config.actor
         self.rollout.clear_cache()  # the last turn's K/V (~1 GB on the CPU recipes): stale after the update
-        metrics = ppo_update(self.model, self.optimizer, data, self._policy_loss,
+        metrics = ppo_update(self.model, self.optimizer, data, self._policy_loss, lr_scheduler=self.lr_scheduler,
                              mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
                              micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
                              grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode=cfg.loss_agg_mode,
                              device=self.device, prefix="actor")
-        self.lr_scheduler.step()
         self.rollout.sync_weights(self.rollout_weights())
         metrics["perf/peak_memory_gib"] = memory.peak_memory_gib(self.device)  # rollout's and update's
         return metrics

@@ -42,13 +42,11 @@ class CriticWorker(Worker):
     @register(DATA_PARALLEL)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         cfg = self.config
-        metrics = ppo_update(self.model, self.optimizer, data, self._value_loss,
-                             mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
-                             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
-                             grad_clip=cfg.grad_clip, mask_key="adv_mask", loss_agg_mode="token-mean",
-                             device=self.device, prefix="critic")
-        self.lr_scheduler.step()
-        return metrics
+        return ppo_update(self.model, self.optimizer, data, self._value_loss, lr_scheduler=self.lr_scheduler,
+                          mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
+                          micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
+                          grad_clip=cfg.grad_clip, mask_key="adv_mask", loss_agg_mode="token-mean",
+                          device=self.device, prefix="critic")
 
     @register(ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

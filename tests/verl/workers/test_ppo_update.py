@@ -1,12 +1,12 @@
-"""The LR schedules, length-sorted micro-batches without padding, and gradient checkpointing changing memory,
-not the update."""
+"""The LR schedules, length-sorted micro-batches without padding, gradient checkpointing changing memory,
+not the update, and a non-finite loss skipping its optimizer step (and the schedule)."""
 
 import math
 
 import pytest
 import torch
 
-from tests.verl.workers.test_actor_critic import actor_config, grads, leave_stale_gradients, make_batch
+from tests.verl.workers.test_actor_critic import actor_config, grads, leave_stale_gradients, make_batch, params
 from verl.single_controller import LocalWorkerGroup
 from verl.trainer.config import OptimConfig
 from verl.workers.actor import ActorRolloutRefWorker
@@ -61,3 +61,24 @@ def test_scores_come_back_in_the_batch_order_and_zero_on_the_columns_cut(tokeniz
     mask = batch.batch["attention_mask"].bool()
     assert torch.equal(scores[mask], batch.batch["input_ids"][mask].float() + 1)
     assert torch.equal(scores[3, 5:], torch.zeros(7))
+
+
+@pytest.mark.parametrize("nan_rows, skipped", [([0, 1, 2, 3], 2), ([2, 3], 1)])
+def test_a_non_finite_loss_skips_its_step_and_an_update_without_steps_keeps_the_lr(tiny_model_path, tokenizer,
+                                                                                   nan_rows, skipped):
+    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config(
+        tiny_model_path, ppo_mini_batch_size=2, optim=OptimConfig(lr=1e-3, lr_warmup_steps=4)))
+    group.init_model()
+    batch = make_batch(tokenizer)  # two mini-batches of two rows: rows 0, 1 then rows 2, 3
+    batch.batch["advantages"][nan_rows] = float("nan")
+    before = params(group)
+    metrics = group.update_actor(batch)
+    assert metrics["actor/nonfinite_skipped_steps"] == skipped
+    assert metrics["actor/lr"] == 0.25e-3  # the first warm-up step's rate
+    moved = any(not torch.equal(before[k], v) for k, v in params(group).items())
+    assert all(torch.isfinite(v).all() for v in params(group).values())
+    scheduler = group.worker.lr_scheduler
+    if skipped == 2:  # no step taken: neither the weights nor the schedule moved
+        assert not moved and scheduler.last_epoch == 0 and group.worker.optimizer.param_groups[0]["lr"] == 0.25e-3
+    else:
+        assert moved and scheduler.last_epoch == 1 and group.worker.optimizer.param_groups[0]["lr"] == 0.5e-3
