@@ -6,9 +6,9 @@ replies, the replies are parsed into actions, and the environments step. The loo
 (`split="train"`, the training sampling and fresh start states every step) and validation (`split="val"`,
 the validation sampling and the same start states every time).
 
-A trajectory whose environment failed (env.step raised or timed out, see ragen/env_state_manager.py) ends
-there; its record carries `env_error`, and the batch's `env_failed` flag tells the trainer to leave its group
-out of the update. In validation it simply counts as unsuccessful.
+A trajectory whose environment failed (env.step raised, timed out or returned a non-finite reward; see
+ragen/env_state_manager.py) ends there; its record carries `env_error`, and the batch's `env_failed` flag
+tells the trainer to leave its group out of the update. In validation it simply counts as unsuccessful.
 """
 
 from dataclasses import dataclass, replace

@@ -103,8 +103,8 @@ class RagenConfig:
 
 
 ConfigStore.instance().store(name="ragen_schema", node=RagenConfig)
-# `${min:5,${trainer.total_training_steps}}`: the recipes' LR warm-up, cut to the run when the run is shorter
-OmegaConf.register_new_resolver("min", lambda *values: min(values), replace=True)
+# `${ragen_min:5,${trainer.total_training_steps}}`: the recipes' LR warm-up, cut to the run when it is shorter
+OmegaConf.register_new_resolver("ragen_min", lambda *values: min(values), replace=True)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 

@@ -13,10 +13,10 @@ An invalid action (an answer the environment does not understand: `info["action_
 nothing, by the environment contract, and is not charged to the budget; it is recorded, and the agent
 proxy adds `es_manager.format_penalty` to the turn (RAGEN's rule), so that nonsense never beats play.
 
-An environment whose `step()` raises, returns a non-finite reward, or runs longer than `es_manager.env_step_timeout_s`, ends only its own
-trajectory: the state keeps the error (`EnvState.error`), counts as unsuccessful, and gets a fresh env instance
-for the next rollout; the trainer leaves its whole group out of the update (a group baseline over the survivors
-would be biased). One broken seed should not cost a long run, but a broken environment should not train on
+An environment whose `step()` raises, returns a non-finite reward, or runs longer than
+`es_manager.env_step_timeout_s` ends only its own trajectory: the state keeps the error (`EnvState.error`),
+counts as unsuccessful, and gets a fresh env instance for the next rollout; the trainer leaves its whole
+group out of the update (a group baseline over the survivors would be biased). One broken seed should not cost a long run, but a broken environment should not train on
 quietly either: when more than `es_manager.max_env_failure_share` of a rollout's trajectories have failed, the
 rollout stops with `EnvFailureError`.
 """
@@ -53,7 +53,7 @@ class EnvState:
     done: bool = False
     success: bool = False
     context_truncated: bool = False  # ended because another turn would not fit the model's context
-    error: str | None = None  # "<ExceptionType>: <message>" when env.step raised or timed out: that ended it
+    error: str | None = None  # "<ExceptionType>: <message>" when env.step failed (raised, timed out, bad reward/info)
     turns: list[TurnRecord] = field(default_factory=list)
 
     @property
@@ -154,8 +154,10 @@ def call_with_timeout(fn, arg, timeout_s: float | None):
     and the call runs in this thread).
 
     With a limit the call runs in a daemon thread. Python cannot kill a thread, so a call that hangs is
-    abandoned rather than stopped: it may keep a core busy and keeps its env instance (the caller replaces
-    that instance), but being a daemon it does not keep the process alive at exit."""
+    abandoned rather than stopped: it keeps its env instance (the caller replaces that instance), and a
+    pure-Python loop keeps competing for the GIL, slowing the rollout, until the process ends (being a
+    daemon it does not keep the process alive at exit). An env that uses `signal` needs the main thread:
+    leave the timeout off for it."""
     if timeout_s is None:
         return fn(arg)
     outcome = {}

@@ -52,7 +52,7 @@ def run(cfg: RagenConfig) -> None:
     use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     check_memory(cfg, ranks, use_critic, use_reference)
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
-                       cfg.trainer.experiment_name, config=OmegaConf.to_container(OmegaConf.structured(cfg)))
+                       cfg.trainer.experiment_name, config=run_config)
     with worker_backend(cfg), finishing(tracker):
         placement = rank_placement(cfg, ranks)
         actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks,
@@ -188,8 +188,9 @@ def main(cfg) -> None:
         sys.exit(f"cannot resume: {e}")
     except WorkerDiedError as e:
         last = checkpoint.latest_checkpoint(cfg.trainer.default_local_dir)
-        sys.exit(f"stopped: {e}. " + (f"The last checkpoint is {last}: run the same command again to resume from it"
-                                      if last else "No checkpoint was written yet: run the same command again"))
+        sys.exit(f"stopped: {e}. " + (f"The last checkpoint is {last}: run the same command with "
+                                      "trainer.resume_mode=auto (the default) to resume from it"
+                                      if last else "No checkpoint was written yet"))
 
 
 def pick_scale() -> None:

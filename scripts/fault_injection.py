@@ -3,11 +3,11 @@ must end with exactly the weights, metrics and trajectory records of a run that 
 
     python scripts/fault_injection.py [--kills 12] [--steps 4] [--seed 0] [--model PATH]
 
-Each kill lands in a stage of a step chosen at random: during its rollout, during its update (its
-trajectories are on disk, its checkpoint is not), while its checkpoint is being written (the staging folder
-exists), or at a random moment of the run. The runs are the trainer's own command (`train.sh`, backend
-local, a checkpoint every step, a critic and the variance filter so that their states resume too) on a tiny
-random model unless `--model` names another. Printed: kills, what each interrupted, the steps each one cost
+Each kill waits for a stage, chosen at random, of the step in progress or the next one: its rollout, its
+update (its trajectories are on disk, its checkpoint is not), its checkpoint write (the staging folder
+exists), or a random moment of the run; where the run really was when killed is read from its folder. The
+runs are the trainer's own command (`train.sh`, backend local, a checkpoint every step, a critic and the
+variance filter so that their states resume too) on a tiny random model unless `--model` names another. Printed: kills, what each interrupted, the steps each one cost
 (steps whose work was lost: the step in progress, less the checkpoint it resumes from), and whether the
 final weights, metrics and records equal the uninterrupted run's. `tests/test_fault_injection.py` runs a
 short campaign of it.
@@ -32,12 +32,14 @@ from verl.utils.checkpoint import latest_checkpoint  # noqa: E402
 
 STAGES = ("rollout", "update", "checkpoint", "random")  # what a kill waits for
 # metrics that measure the machine, not the training: they differ between any two runs
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}  # nothing reaches a hub
 MACHINE_METRICS = ("timing_s/", "perf/rollout_tokens_per_s", "perf/peak_memory_gib")
 
 
 def train_command(model_path: str, run_dir: Path, steps: int) -> list[str]:
-    return ["bash", str(REPO / "train.sh"), "sokoban", f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
-            f"hydra.run.dir={run_dir / 'hydra'}", f"logging.log_image_dir={run_dir / 'log'}",
+    return ["bash", str(REPO / "train.sh"), "sokoban", f"model_path={model_path}",
+            f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
+            f"logging.log_image_dir={run_dir / 'log'}",
             "actor_rollout_ref.rollout.response_length=16", "algorithm.skip_zero_variance_batches=false",
             "algo=starpo_s", "actor_rollout_ref.actor.ppo_mini_batch_size=4", f"trainer.total_training_steps={steps}",
             "trainer.save_freq=1", "trainer.backend=local", "agent_proxy.max_turn=2", "trainer.test_freq=-1",
@@ -65,46 +67,44 @@ def checkpointed(run_dir: Path) -> int:
     return 0 if path is None else int(path.name.removeprefix("global_step_"))
 
 
-def moment_reached(stage: str, step: int, run_dir: Path) -> bool:
-    """Whether the run is at `stage` of `step`, or already past that step (the moment was missed)."""
-    if checkpointed(run_dir) >= step:
-        return True
-    if stage == "rollout":  # this step's trajectories are not on disk yet
-        return not (run_dir / "rollouts" / "train" / f"step_{step}.jsonl").exists()
-    if stage == "update":  # its trajectories are, its checkpoint is not
-        return (run_dir / "rollouts" / "train" / f"step_{step}.jsonl").exists()
-    if stage == "checkpoint":  # its checkpoint is being written
-        return (run_dir / f"global_step_{step}.tmp").exists()
-    raise ValueError(stage)
+def fresh(path: Path, since: float) -> bool:
+    """Whether `path` was written by this attempt (a killed attempt leaves its files behind)."""
+    try:
+        return path.stat().st_mtime >= since
+    except FileNotFoundError:
+        return False
 
 
-def observed_stage(run_dir: Path, last_step: int) -> tuple[str, int]:
-    """(stage, step) the run is in, read from its folder."""
+def observed_stage(run_dir: Path, last_step: int, since: float) -> tuple[str, int]:
+    """(stage, step) the run is in, read from what it wrote since `since`: rollout (or start-up), update,
+    checkpoint, or done (after its last step)."""
     step = checkpointed(run_dir) + 1
     if step > last_step:
         return "done", last_step
-    if (run_dir / f"global_step_{step}.tmp").exists():
+    if fresh(run_dir / f"global_step_{step}.tmp", since):
         return "checkpoint", step
-    if (run_dir / "rollouts" / "train" / f"step_{step}.jsonl").exists():
+    if fresh(run_dir / "rollouts" / "train" / f"step_{step}.jsonl", since):
         return "update", step
     return "rollout", step
 
 
 def run_until_killed(command: list[str], run_dir: Path, stage: str, step: int, last_step: int, delay: float,
                      timeout: float) -> Kill:
-    """Start `command`; SIGKILL its process group when the moment comes (polled every 2 ms)."""
+    """Start `command`; SIGKILL its process group when it reaches `stage` of `step` or has passed that step
+    (polled every 2 ms), or after `delay` seconds for a random moment."""
+    since = time.time()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                               env=OFFLINE)
     started = time.monotonic()
     while process.poll() is None and time.monotonic() - started < timeout:
-        if stage == "random" and time.monotonic() - started >= delay:
-            break
-        if stage != "random" and moment_reached(stage, step, run_dir):
-            time.sleep(delay)
+        if stage == "random":
+            if time.monotonic() - started >= delay:
+                break
+        elif checkpointed(run_dir) >= step or observed_stage(run_dir, last_step, since) == (stage, step):
             break
         time.sleep(0.002)
     killed = process.poll() is None
-    where, in_progress = observed_stage(run_dir, last_step)
+    where, in_progress = observed_stage(run_dir, last_step, since)
     if killed:
         os.killpg(process.pid, signal.SIGKILL)
     _, stderr = process.communicate()
@@ -138,23 +138,23 @@ def campaign(model_path: str, work: Path, kills: int, steps: int, seed: int, log
     rng = random.Random(seed)
     whole, killed = work / "whole", work / "killed"
     started = time.monotonic()
-    subprocess.run(train_command(model_path, whole, steps), check=True, capture_output=True,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    subprocess.run(train_command(model_path, whole, steps), check=True, capture_output=True, env=OFFLINE)
     duration = time.monotonic() - started
     log(f"uninterrupted run: {steps} steps in {duration:.0f} s")
     history = []
     command = train_command(model_path, killed, steps)
     while sum(k.killed for k in history) < kills and checkpointed(killed) < steps:
-        stage, step = rng.choice(STAGES), rng.randint(checkpointed(killed) + 1, steps)
-        delay = rng.uniform(0, duration / 2) if stage == "random" else rng.uniform(0, 0.05)
-        kill = run_until_killed(command, killed, stage, step, steps, delay, timeout=4 * duration)
+        # the step in progress or the next one: about every other kill lets the run move on by a step
+        stage, step = rng.choice(STAGES), min(steps, checkpointed(killed) + rng.randint(1, 2))
+        kill = run_until_killed(command, killed, stage, step, steps, rng.uniform(0, duration / 2), 4 * duration)
         history.append(kill)
         log(f"kill {len(history)} (waited for: {stage}): "
-            + ("the run had finished" if not kill.killed else "after the last step, nothing lost" if kill.stage == "done"
+            + ("the run had finished" if not kill.killed
+               else "after the last step, nothing lost" if kill.stage == "done"
                else f"in the {kill.stage} of step {kill.step}, resumes from step {kill.resumed_from}, "
                     f"{kill.steps_lost} step(s) lost"))
     if checkpointed(killed) < steps:
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        subprocess.run(command, check=True, capture_output=True, env=OFFLINE)
     (metrics_a, records_a), (metrics_b, records_b) = comparable(whole, steps), comparable(killed, steps)
     return {"kills": sum(k.killed for k in history), "history": history,
             "weights_equal": identical_weights(whole / f"global_step_{steps}", killed / f"global_step_{steps}"),

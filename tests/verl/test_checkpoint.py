@@ -321,11 +321,11 @@ class Tracker:
         self.after_step = after_step
 
 
-def ppo_trainer(root, kl_coef=0.1, run_config=None, resume_mode="auto"):
+def ppo_trainer(root, kl_coef=0.1, kl_type="adaptive", run_config=RUN_CONFIG, resume_mode="auto"):
     from verl.trainer.config import AlgorithmConfig, KLControlConfig, RolloutConfig
     from verl.trainer.ppo_trainer import PPOTrainer
 
-    algorithm = AlgorithmConfig(kl_ctrl=KLControlConfig(type="adaptive", kl_coef=kl_coef))
+    algorithm = AlgorithmConfig(kl_ctrl=KLControlConfig(type=kl_type, kl_coef=kl_coef))
     return PPOTrainer(trainer_config(root, resume_mode=resume_mode), algorithm, RolloutConfig(), Workers(world_size=2),
                       None, agent=None, tracker=Tracker(), run_config=run_config)
 
@@ -342,4 +342,6 @@ def test_the_trainer_saves_its_ranks_and_config_and_resumes_the_kl_controller(tm
     assert resumed.kl_ctrl.value == 0.25 and resumed.tracker.after_step == 3
     restarted = ppo_trainer(tmp_path, kl_coef=0.5)  # a new algorithm.kl_ctrl.kl_coef is not silently ignored
     assert restarted.resume() == 3 and restarted.kl_ctrl.value == 0.5
+    fixed = ppo_trainer(tmp_path, kl_type="fixed")  # so is a new controller type with the same coefficient
+    assert fixed.resume() == 3 and fixed.kl_ctrl.value == 0.1
     assert ppo_trainer(tmp_path, resume_mode="disable").resume() == 0

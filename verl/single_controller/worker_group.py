@@ -71,18 +71,33 @@ class RayWorkerGroup(WorkerGroup):
         be waiting for it in a collective that will never complete, so waiting for them would hang."""
         import ray
 
-        answers = [getattr(actor, name).remote(*args, **kwargs) for actor, (args, kwargs) in zip(self.actors, per_rank)]
-        pending = list(answers)
+        calls = [getattr(actor, name).remote(*args, **kwargs) for actor, (args, kwargs) in zip(self.actors, per_rank)]
+        answers, pending = [None] * len(calls), list(calls)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            (done,), pending = ray.wait(pending, num_returns=1)
             try:
-                ray.get(done[0])
-            except ray.exceptions.RayActorError as e:
-                rank = answers.index(done[0])
-                raise WorkerDiedError(f"{self.worker_cls.__name__} rank {rank} (a Ray actor process) died during "
-                                      f"{name}(): {type(e).__name__}") from e
-        return ray.get(answers)
+                answers[calls.index(done)] = ray.get(done)
+            except ray.exceptions.RayError as error:
+                raise self._first_death(calls, name, grace_s=5.0) or error
+        return answers
 
+    def _first_death(self, calls: list, name: str, grace_s: float) -> "WorkerDiedError | None":
+        """A rank that died makes its peers fail too (gloo: connection reset), often first: give the other
+        calls a moment to report, and name the dead rank if there is one."""
+        import ray
+
+        ray.wait(calls, num_returns=len(calls), timeout=grace_s)
+        for rank, call in enumerate(calls):
+            try:
+                ray.get(call, timeout=0)
+            except ray.exceptions.RayActorError as error:
+                died = WorkerDiedError(f"{self.worker_cls.__name__} rank {rank} (a Ray actor process) died during "
+                                       f"{name}(): {type(error).__name__}")
+                died.__cause__ = error
+                return died
+            except Exception:  # another rank's error, or not finished within the grace period
+                continue
+        return None
 
 
 def gpu_placement_group(world_size: int, num_cpus: float):

@@ -14,7 +14,8 @@ class OptimConfig:
     lr: float = 1e-6  # AdamW learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), each in [0, 1)
     weight_decay: float = 0.0  # 0 so that weights move only where the loss has a gradient
-    lr_scheduler: str = "constant"  # constant | cosine (to min_lr_ratio * lr at the last step); stepped once per update
+    # constant | cosine (to min_lr_ratio * lr at the last step); stepped once per update that took an optimizer step
+    lr_scheduler: str = "constant"
     lr_warmup_steps: int = 0  # linear warm-up from 0 over this many updates (at most total_training_steps)
     min_lr_ratio: float = 0.0  # cosine only
     total_training_steps: int = "${trainer.total_training_steps}"  # the cosine's length

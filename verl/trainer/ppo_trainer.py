@@ -1,7 +1,7 @@
 """The training loop: one step = rollout, filter, score, advantage, update, record (DESIGN.md).
 
 The trainer runs on the driver and owns no model: it calls worker groups and an agent that produces
-rollouts. Each stage is one line of `fit()` and returns a batch or a dict of metrics. The critic worker
+rollouts. Each stage is a line of `fit()` or of `train_on()` and returns a batch or a dict of metrics. The critic worker
 group exists only when the advantage estimator uses values; the reference policy only when KL is on.
 """
 
@@ -34,8 +34,8 @@ class PPOTrainer:
     def __init__(self, config: TrainerConfig, algorithm: AlgorithmConfig, rollout_config: RolloutConfig,
                  actor_rollout_wg, critic_wg, agent: RolloutProducer, tracker: Tracking,
                  val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1,
-                 on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None,
-                 run_config: dict | None = None):
+                 on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None, *,
+                 run_config: dict):
         """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
         many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps.
         `on_policy_batch`: a batch of at most this many trajectories is one actor step on the policy that
@@ -43,9 +43,9 @@ class PPOTrainer:
         computes them (TRL and veRL skip it too); 0 computes them always.
         `on_records(records, split, step)` sees every rollout's records once saved (the HTML browser).
         `run_config`: the run's whole resolved config, written into every checkpoint so that a resume can tell
-        what changed (`checkpoint.check_resume`); None writes an empty one."""
+        what changed (`checkpoint.check_resume`)."""
         self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
-        self.run_config = run_config or {}
+        self.run_config = run_config
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
         self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
@@ -70,33 +70,14 @@ class PPOTrainer:
                 check_finite_rewards(rollout.batch, rollout.records)
                 records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
                 batch, filter_metrics = self.filter(rollout.batch.union(records))
-                adv_metrics: dict[str, float] = {}
                 if len(batch) > 0:  # none is left when every group had a failed environment: no update
-                    batch = self.balance(batch)
-                    if len(batch) > self.on_policy_batch or self.algorithm.use_kl_in_reward:
-                        with timed("old_log_prob", metrics):
-                            batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
-                    if self.use_reference:
-                        with timed("ref", metrics):
-                            batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
-                    if self.critic_wg is not None:
-                        with timed("values", metrics):
-                            batch = batch.union(self.critic_wg.compute_values(batch))
-                    with timed("adv", metrics):
-                        batch, adv_metrics = self.compute_advantage(batch)
-                    if self.critic_wg is not None:
-                        with timed("update_critic", metrics):
-                            metrics |= self.critic_wg.update_critic(batch)
-                    metrics["actor/zero_variance_skip"] = float(self.is_zero_variance(batch))
-                    if step > self.config.critic_warmup and not metrics["actor/zero_variance_skip"]:
-                        with timed("update_actor", metrics):
-                            metrics |= self.actor_rollout_wg.update_actor(batch)
+                    batch = self.train_on(batch, step, metrics)
                 self.save_records(with_advantages(rollout.records, batch), "train", step)
                 if self.val_agent is not None and self.config.test_freq > 0 and (
                         step % self.config.test_freq == 0 or step == last):
                     metrics |= self.validate(step)
             metrics |= throughput(rollout.batch, batch, metrics)
-            self.tracker.log(rollout.metrics | filter_metrics | adv_metrics | metrics, step)
+            self.tracker.log(rollout.metrics | filter_metrics | metrics, step)
             nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
                                                     self.config.max_consecutive_nonfinite_steps)
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
@@ -127,6 +108,31 @@ class PPOTrainer:
         if len(kept):
             metrics["rollout/chosen_in_group_std"] = group_stds[kept].mean().item()
         return batch[keep], metrics
+
+    def train_on(self, batch: DataProto, step: int, metrics: dict[str, float]) -> DataProto:
+        """Score the kept trajectories, compute their advantages and update the critic and the actor; returns
+        the batch with its advantages, and adds each stage's metrics and timing to `metrics`."""
+        batch = self.balance(batch)
+        if len(batch) > self.on_policy_batch or self.algorithm.use_kl_in_reward:
+            with timed("old_log_prob", metrics):
+                batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+        if self.use_reference:
+            with timed("ref", metrics):
+                batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+        if self.critic_wg is not None:
+            with timed("values", metrics):
+                batch = batch.union(self.critic_wg.compute_values(batch))
+        with timed("adv", metrics):
+            batch, adv_metrics = self.compute_advantage(batch)
+        metrics |= adv_metrics
+        if self.critic_wg is not None:
+            with timed("update_critic", metrics):
+                metrics |= self.critic_wg.update_critic(batch)
+        metrics["actor/zero_variance_skip"] = float(self.is_zero_variance(batch))
+        if step > self.config.critic_warmup and not metrics["actor/zero_variance_skip"]:
+            with timed("update_actor", metrics):
+                metrics |= self.actor_rollout_wg.update_actor(batch)
+        return batch
 
     def balance(self, batch: DataProto) -> DataProto:
         """Reorder so that every rank's share of the batch holds about the same number of tokens."""
@@ -194,7 +200,7 @@ class PPOTrainer:
         if self.critic_wg is not None:
             self.critic_wg.save_checkpoint(str(staging / "critic"))
         state = {"step": step, "world_size": self.actor_rollout_wg.world_size, "kl_coef": self.kl_ctrl.value,
-                 "initial_kl_coef": self.algorithm.kl_ctrl.kl_coef}
+                 "kl_ctrl": {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef}}
         path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep)
         print(f"saved checkpoint {path}", flush=True)
         return path
@@ -211,7 +217,8 @@ class PPOTrainer:
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(str(path / "critic"))
-        if state["initial_kl_coef"] == self.algorithm.kl_ctrl.kl_coef:  # a new algorithm.kl_ctrl.kl_coef restarts it
+        configured = {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef}
+        if state["kl_ctrl"] == configured:  # a new controller type or initial coefficient restarts it
             self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
         print(f"resumed from {path} (step {state['step']})", flush=True)
@@ -234,8 +241,9 @@ def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
 
 
 def check_finite_rewards(batch: DataProto, records: list[dict]) -> None:
-    """Stop on a non-finite trajectory reward, naming its environment and seed. It is an environment's bug,
-    and trained on it would turn its whole group's (GRPO) or batch's (whitened GAE) advantages into NaN."""
+    """Stop on a non-finite trajectory reward, naming its environment and seed: trained on, it would turn its
+    whole group's (GRPO) or batch's (whitened GAE) advantages into NaN. A backstop: RAGEN's own rollout
+    already fails the trajectory of an env.step that returns one (ragen/env_state_manager.py)."""
     rewards = batch.batch["trajectory_rewards"]
     bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()
     if bad:

@@ -47,7 +47,7 @@ RUN_CONFIG = "config.yaml"
 # after the resume would train on other start states and batches than the steps before it.
 # `trainer.resume_force=true` resumes anyway.
 FIXED_ON_RESUME = ("model_path", "actor_rollout_ref.model.path", "critic.model.path", "lora.rank", "lora.alpha",
-                   "lora.target_modules", "algorithm.adv_estimator", "es_manager.train", "custom_envs")
+                   "lora.target_modules", "algorithm.adv_estimator", "es_manager.train", "custom_envs", "trainer.seed")
 
 
 class ResumeError(ValueError):
