@@ -3,12 +3,24 @@
 #   bash train.sh sokoban trainer.total_training_steps=200 algorithm.adv_estimator=grpo
 # Recipes are the YAML files in config/ (sokoban, bandit, ...); every key is documented in
 # ragen/config.py and verl/trainer/config.py.
+# RAGEN's first form, `bash ./train.sh` with settings in environment variables (DIM_X, BASE_MODEL, ...),
+# trains the sokoban recipe with those settings translated (README, "Old RAGEN commands and keys").
 set -euo pipefail
 configs="$(dirname "$0")/config"
 recipe=${1:-}
-if [[ -z $recipe || ! -f $configs/$recipe.yaml || $recipe == base ]]; then
+if [[ -z $recipe || $recipe == *=* ]] && legacy=$(python -m ragen.overrides --from-env) && [[ -n $legacy ]]; then
+    mapfile -t legacy <<< "$legacy"  # one override a line
+    exec python -m ragen.train --config-name sokoban "${legacy[@]}" "$@"
+fi
+if [[ $recipe == sft ]]; then  # config/sft.yaml configures the SFT trainer, not an RL run
+    echo "sft is not an RL recipe: the supervised warm start is bash sft/finetune_lora.sh <env> <ranks> <save_path>" \
+         "(README, 'Supervised warm start (SFT)')" >&2
+    exit 2
+fi
+if [[ -z $recipe || ! -f $configs/$recipe.yaml || $recipe == base ]]; then  # base.yaml: what the recipes build on
     echo "usage: bash train.sh <recipe> [key=value ...]" >&2
-    echo "recipes: $(ls "$configs"/*.yaml | xargs -n1 basename | sed 's/\.yaml$//' | grep -vx base | tr '\n' ' ')" >&2
+    echo "recipes: $(ls "$configs"/*.yaml | xargs -n1 basename | sed 's/\.yaml$//' | grep -vx -e base -e sft |
+        tr '\n' ' ')" >&2
     exit 2
 fi
 shift

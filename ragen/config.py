@@ -81,9 +81,9 @@ class AgentProxyConfig:
 class LoggingConfig:
     """The HTML trajectory browser (ragen/trajectory_browser.py); RAGEN's key names."""
 
-    log_images: bool = True  # write trajectory pages with the rendered states every log_image_step_size steps
-    log_image_dir: str = "log/trajectory"  # pages go to <log_image_dir>/<experiment>/step_<N>/; serve with http.server
-    log_image_step_size: int = 4
+    log_images: bool = True  # trajectory pages with the rendered states (ragen.train.trajectory_pages says when)
+    log_image_dir: str = "log/trajectory"  # <log_image_dir>/<experiment>/{step,val_step}_<N>/; serve with http.server
+    log_image_step_size: int = 4  # training steps 1, every this many, and the last; every validation
     log_n_image_per_batch: int = 32  # trajectories per logged step, spread over the start states; -1: all
 
 
@@ -109,7 +109,11 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 
 def load_config(config_name: str = "base", overrides: Sequence[str] = ()) -> RagenConfig:
-    """Compose a recipe with Hydra overrides, as `train.sh` does, for tools other than the trainer."""
+    """Compose a recipe with Hydra overrides, as `train.sh` does, for tools other than the trainer. Old RAGEN
+    keys are translated and unknown ones refused first, as on the command line (ragen/overrides.py)."""
+    from ragen.overrides import rewrite_overrides  # it imports this module
+
+    overrides = rewrite_overrides(overrides, config_name)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name, overrides=list(overrides)))
 
@@ -156,6 +160,8 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
            f"trainer.resume_mode={mode!r}: use auto, disable, or the path of a checkpoint (a global_step_N folder)")
     _check(trainer.max_actor_ckpt_to_keep is None or trainer.max_actor_ckpt_to_keep >= 1,
            "trainer.max_actor_ckpt_to_keep must be >= 1, or null to keep every checkpoint")
+    _check(trainer.resumable_checkpoints is None or trainer.resumable_checkpoints >= 1,
+           "trainer.resumable_checkpoints must be >= 1, or null for every checkpoint to keep its optimizer state")
     _check(trainer.max_consecutive_nonfinite_steps >= 0,
            "trainer.max_consecutive_nonfinite_steps must be >= 1, or 0 to never stop")
     _check(set(trainer.logger) <= set(Tracking.SUPPORTED),

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from ragen.config import ConfigError, RagenConfig, validate
-from ragen.train import make_agent, pick_scale
+from ragen.train import check_overrides, make_agent, pick_scale
 from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.utils.tracking import to_json, write_jsonl
@@ -59,5 +59,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides()
     pick_scale()
     main()

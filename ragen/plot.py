@@ -2,15 +2,27 @@
 
 Written to `<run_dir>/plots/` (the trainer also calls this after its last step):
 - `success.png`, `reward.png`: per environment tag, training (`train/<tag>/...`, solid) and validation
-  (`val-env/<tag>/...`, dashed, markers) against the step;
+  (`val-env/<tag>/...`, dashed, markers) against the step; `success.png` also has the tag's random
+  (dotted) and oracle (dash-dot) agents as horizontal lines where they are recorded
+  (`ragen.envs.baselines.RECORDED_SUCCESS`: measured once, so plotting plays no episode);
 - `entropy.png`: `actor/entropy`;
 - `reward_std.png`: `rollout/reward_std` and `rollout/in_group_std`, the spread the StarPO-S filter needs
   (its collapse is the echo trap's first sign).
+
+Steps are whole numbers on the x axis. A flat curve gets a visible y range (at least `MIN_Y_SPAN`)
+instead of matplotlib's stretch of float noise over the whole height (0.3 and 0.3 + 1e-9 drawn as a
+cliff, labelled with an offset).
 """
 
+import argparse
+import math
 import sys
 from pathlib import Path
 
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ragen.envs.baselines import RECORDED_SUCCESS
 from verl.utils.tracking import read_jsonl
 
 PANELS = {  # file -> (title, y label, metric name under train/<tag>/ and val-env/<tag>/, or whole keys)
@@ -19,6 +31,8 @@ PANELS = {  # file -> (title, y label, metric name under train/<tag>/ and val-en
     "entropy": ("Policy entropy", "entropy (nats)", ["actor/entropy"]),
     "reward_std": ("Reward spread", "std", ["rollout/reward_std", "rollout/in_group_std"]),
 }
+BASELINE_STYLES = {"random": ":", "oracle": "-."}  # agent -> line style of its success rate
+MIN_Y_SPAN = 0.1  # a y range narrower than this (or 10 % of the values' size, if more) is widened
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -40,44 +54,66 @@ def curve(axes, points: tuple[list[int], list[float]], **style) -> None:
         axes.plot(*points, **style)
 
 
+def widen_flat(axes) -> None:
+    """Widen a y range narrower than MIN_Y_SPAN (or 10 % of the values' size) to that span, centred on the values."""
+    values = [float(y) for line in axes.lines for y in line.get_ydata() if math.isfinite(y)]
+    if not values:
+        return
+    low, high = min(values), max(values)
+    span = max(MIN_Y_SPAN, 0.1 * max(abs(low), abs(high)))
+    if high - low < span:
+        middle = (low + high) / 2
+        axes.set_ylim(middle - span / 2, middle + span / 2)
+
+
+def panel(rows: list[dict], tags: list[str], name: str) -> Figure:
+    """The figure of one of PANELS; no pyplot, so no display and no global figure state."""
+    title, ylabel, metric = PANELS[name]
+    figure = Figure(figsize=(7, 4))
+    axes = figure.subplots()
+    if isinstance(metric, str):  # one curve per env tag, train and val
+        for i, tag in enumerate(tags):
+            curve(axes, series(rows, f"train/{tag}/{metric}"), color=f"C{i}", label=f"{tag} (train)")
+            curve(axes, series(rows, f"val-env/{tag}/{metric}"), color=f"C{i}", linestyle="--", marker="o",
+                  label=f"{tag} (val)")
+            if name == "success" and tag in RECORDED_SUCCESS:
+                for agent, rate in RECORDED_SUCCESS[tag][1].items():
+                    axes.axhline(rate, color=f"C{i}", linestyle=BASELINE_STYLES[agent], linewidth=1, alpha=0.7,
+                                 label=f"{tag} {agent} agent")
+    else:
+        for key in metric:
+            curve(axes, series(rows, key), label=key)
+    axes.set(title=title, xlabel="training step", ylabel=ylabel)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.ticklabel_format(axis="y", useOffset=False)
+    widen_flat(axes)
+    if axes.lines:
+        axes.legend(fontsize="small")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     tags = sorted({key.split("/")[1] for row in rows for key in row if key.startswith(("train/", "val-env/"))})
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
     written = []
-    for name, (title, ylabel, metric) in PANELS.items():
-        figure, axes = plt.subplots(figsize=(7, 4))
-        if isinstance(metric, str):  # one curve per env tag, train and val
-            for i, tag in enumerate(tags):
-                curve(axes, series(rows, f"train/{tag}/{metric}"), color=f"C{i}", label=f"{tag} (train)")
-                curve(axes, series(rows, f"val-env/{tag}/{metric}"), color=f"C{i}", linestyle="--", marker="o",
-                      label=f"{tag} (val)")
-        else:
-            for key in metric:
-                curve(axes, series(rows, key), label=key)
-        axes.set(title=title, xlabel="training step", ylabel=ylabel)
-        if axes.lines:
-            axes.legend(fontsize="small")
-        axes.grid(alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(out / f"{name}.png", dpi=100)
-        plt.close(figure)
+    for name in PANELS:
+        panel(rows, tags, name).savefig(out / f"{name}.png", dpi=100)
         written.append(out / f"{name}.png")
     return written
 
 
-def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m ragen.plot <run_dir>   (the folder holding metrics.jsonl)")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ragen.plot", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="the run folder holding metrics.jsonl (trainer.default_local_dir)")
+    args = parser.parse_args(argv)
     try:
-        paths = plot_run(sys.argv[1])
+        paths = plot_run(args.run_dir)
     except FileNotFoundError as e:
         sys.exit(str(e))
     print("\n".join(str(p) for p in paths))

@@ -2,10 +2,13 @@
 
 Start-up order matters: the config is checked completely before any model loads or worker starts, so a
 typo costs a second, not a model load. Ray (when `trainer.backend=ray`) is started here and shut down on
-every exit path, Ctrl-C and errors included.
+every exit path, Ctrl-C and errors included. The run opens with a banner and ends, Ctrl-C included, with a
+summary of what it saved (ragen/run_report.py).
 """
 
+import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,17 +19,20 @@ from omegaconf import OmegaConf
 
 from ragen.agent_proxy import AgentProxy
 from ragen.plot import plot_run
+from ragen.run_report import print_banner, summary
 from ragen.trajectory_browser import write_index, write_step
 from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
 from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
+from ragen.overrides import rewrite_argv
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup, WorkerDiedError
 from verl.single_controller.worker_group import gpu_placement_group, node_placement_group
 from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.utils import checkpoint, memory
-from verl.utils.model import eos_token_ids, load_tokenizer, max_context_length, resolve_model_path
-from verl.utils.tracking import Tracking
+from verl.utils.model import (ModelNotFoundError, eos_token_ids, load_tokenizer, max_context_length,
+                              resolve_model_path)
+from verl.utils.tracking import Tracking, quiet_libraries
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.rollout import SamplingParams
@@ -39,9 +45,12 @@ def world_size(cfg: RagenConfig) -> int:
     return per_node * cfg.trainer.nnodes
 
 
-def run(cfg: RagenConfig) -> None:
+def run(cfg: RagenConfig) -> list[Path]:
+    """Train; return the learning-curve PNGs drawn after the last step."""
     ranks = world_size(cfg)
     validate(cfg, ranks)
+    if not cfg.trainer.verbose:
+        quiet_libraries()
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg))  # saved with each checkpoint, paths as given
     checkpoint.check_resume(cfg.trainer, ranks, run_config)  # a checkpoint this run cannot continue: stop now
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
@@ -50,6 +59,7 @@ def run(cfg: RagenConfig) -> None:
     actor = cfg.actor_rollout_ref.actor
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    print_banner(cfg, use_critic)
     check_memory(cfg, ranks, use_critic, use_reference)
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
                        cfg.trainer.experiment_name, config=run_config)
@@ -70,19 +80,21 @@ def run(cfg: RagenConfig) -> None:
                    tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
                    on_policy_batch=actor.ppo_mini_batch_size if actor.ppo_epochs == 1 else 0,
                    on_records=trajectory_pages(cfg), run_config=run_config).fit()
-    if "jsonl" in cfg.trainer.logger:
-        print("learning curves: " + " ".join(str(p) for p in plot_run(cfg.trainer.default_local_dir)), flush=True)
+    return plot_run(cfg.trainer.default_local_dir) if "jsonl" in cfg.trainer.logger else []
 
 
 def trajectory_pages(cfg: RagenConfig):
-    """Every `log_image_step_size` training steps, HTML pages of the step's trajectories and a fresh index
-    (`<log_image_dir>/<experiment>/`; `cd <log_image_dir> && python -m http.server`)."""
-    logging = cfg.logging
+    """HTML pages of the trajectories of training steps 1, every `log_image_step_size`-th and the last (a
+    short run shows its start and end), and of every validation (the same start states each time, so a
+    level can be compared across steps), each with a fresh index (`<log_image_dir>/<experiment>/`;
+    `cd <log_image_dir> && python -m http.server`)."""
+    logging, last = cfg.logging, cfg.trainer.total_training_steps
     experiment_dir = Path(logging.log_image_dir) / cfg.trainer.experiment_name
 
     def on_records(records: list[dict], split: str, step: int) -> None:
-        if logging.log_images and split == "train" and step % logging.log_image_step_size == 0:
-            write_step(records, experiment_dir, step, logging.log_n_image_per_batch, cfg.custom_envs)
+        due = split == "val" or step in (1, last) or step % logging.log_image_step_size == 0
+        if logging.log_images and due:
+            write_step(records, experiment_dir, step, logging.log_n_image_per_batch, cfg.custom_envs, split)
             write_index(experiment_dir)
 
     return on_records
@@ -141,9 +153,10 @@ def rank_placement(cfg: RagenConfig, ranks: int):
 def make_worker_group(cfg: RagenConfig, worker_cls: type, configs: tuple, ranks: int, placement=None):
     """`placement`: a placement group from `rank_placement`, or None (Ray places the ranks)."""
     if cfg.trainer.backend == "local":
-        return LocalWorkerGroup(worker_cls, *configs)
+        return LocalWorkerGroup(worker_cls, *configs, verbose=cfg.trainer.verbose)
     return RayWorkerGroup(worker_cls, *configs, world_size=ranks, num_cpus=cfg.ray.num_cpus_per_worker,
-                          num_gpus=GPU_SHARE if torch.cuda.is_available() else 0, placement_group=placement)
+                          num_gpus=GPU_SHARE if torch.cuda.is_available() else 0, placement_group=placement,
+                          verbose=cfg.trainer.verbose)
 
 
 def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> AgentProxy:
@@ -180,10 +193,16 @@ def worker_backend(cfg: RagenConfig):
 
 @hydra.main(config_path="../config", config_name="base", version_base="1.3")
 def main(cfg) -> None:
+    started, config = time.time(), OmegaConf.to_object(cfg)
     try:
-        run(OmegaConf.to_object(cfg))
+        plots = run(config)
+    except KeyboardInterrupt:  # Ctrl-C: what was saved instead of a traceback; 130 = killed by SIGINT
+        print(summary(config, started), flush=True)
+        sys.exit(130)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    except ModelNotFoundError as e:
+        sys.exit(f"model not found: {e}")
     except checkpoint.ResumeError as e:
         sys.exit(f"cannot resume: {e}")
     except WorkerDiedError as e:
@@ -191,6 +210,7 @@ def main(cfg) -> None:
         sys.exit(f"stopped: {e}. " + (f"The last checkpoint is {last}: run the same command with "
                                       "trainer.resume_mode=auto (the default) to resume from it"
                                       if last else "No checkpoint was written yet"))
+    print(summary(config, started, plots), flush=True)
 
 
 def pick_scale() -> None:
@@ -199,6 +219,19 @@ def pick_scale() -> None:
         sys.argv.append(f"scale={'gpu' if torch.cuda.is_available() else 'cpu'}")
 
 
+def check_overrides() -> None:
+    """Before Hydra parses the command line: old RAGEN key names become today's, with a notice, and a key the
+    schema lacks stops the run (Hydra's `+key=...` would add it, and nothing would read it)."""
+    try:
+        sys.argv[1:] = rewrite_argv(sys.argv[1:])
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
+
+
 if __name__ == "__main__":
+    # Ctrl-C (SIGINT) ends the run with its summary, also when it was started in the background of a script,
+    # which starts it with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    check_overrides()
     pick_scale()
     main()

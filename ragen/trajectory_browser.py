@@ -2,9 +2,12 @@
 
 Layout (RAGEN's): `<log_image_dir>/<experiment>/step_<N>/trajectory_data_<i>.html`, `i` being the
 trajectory's `env_id` (its line in `rollouts/<split>/step_<N>.jsonl`), next to `trajectories.json`, the
-step's summaries; `<log_image_dir>/<experiment>/index.html` lists every step's. Everything is inline: PNG
-pictures as data URIs, CSS, a little vanilla JS on the index only, and a Content-Security-Policy that
-forbids any other source, so the pages open offline, from disk or under `python -m http.server`.
+step's summaries; a validation's pages go to `val_step_<N>/` beside them (validation plays the same start
+states every time, so `val_step_0/trajectory_data_3.html` and `val_step_20/trajectory_data_3.html` show one
+level before and after training); `<log_image_dir>/<experiment>/index.html` lists the pages of both.
+Everything is inline: PNG pictures as data URIs, CSS, a little vanilla JS on the index only, and a
+Content-Security-Policy that forbids any other source, so the pages open offline, from disk or under
+`python -m http.server`.
 
 Pictures: the record keeps each state as the env's text render; a grid env's `rgb_array` picture is
 `grid_to_rgb` over that same symbol grid, so `state_picture` redraws it exactly from the text with the
@@ -41,6 +44,8 @@ GRID_TILES: dict[str, Callable[[dict], dict[str, np.ndarray]]] = {
 }
 IMAGE_SCALE = 2  # pictures are shown at this multiple of their TILE-pixel size
 PAGE_NAME = "trajectory_data_{}.html"
+STEP_DIRS = {"train": "step_{}", "val": "val_step_{}"}  # split -> its steps' folder names
+SPLIT_NAMES = {"train": "train", "val": "validation"}  # as the pages show them
 MANIFEST = "trajectories.json"
 # No source but the page itself: a stray URL in model text can never load anything.
 PAGE_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -141,6 +146,7 @@ def trajectory_page(record: dict, step: int, tiles: dict[str, np.ndarray] | None
                     following: str | None) -> str:
     """The HTML page of one trajectory; `previous`/`following` are the neighbouring pages' file names."""
     title = f"{record['tag']} · step {step} · env {record['env_id']}"
+    title += " · validation" if record["split"] == "val" else ""
     nav = ['<a href="../index.html">all trajectories</a>']
     nav += [f'<a href="{esc(previous)}">&larr; previous</a>'] if previous else []
     nav += [f'<a href="{esc(following)}">next &rarr;</a>'] if following else []
@@ -179,11 +185,14 @@ def summary(record: dict, step: int) -> dict:
 
 
 def write_step(records: list[dict], experiment_dir: Path, step: int, n_per_batch: int,
-               custom_envs: dict[str, CustomEnvConfig]) -> list[Path]:
+               custom_envs: dict[str, CustomEnvConfig], split: str = "train") -> list[Path]:
     """Write the pages of `n_per_batch` of one rollout's trajectories (see `pick_trajectories`; -1: all)
-    and the step's summaries under `experiment_dir/step_<step>`; pages an earlier run of the same step
-    left there are removed. Returns the pages' paths. Call `write_index` afterwards."""
-    step_dir = Path(experiment_dir) / f"step_{step}"
+    and the step's summaries under `experiment_dir/step_<step>` (a validation's: `val_step_<step>`); pages
+    an earlier run of the same step left there are removed. Returns the pages' paths. Call `write_index`
+    afterwards."""
+    if split not in STEP_DIRS:
+        raise ValueError(f"split {split!r}: rollout records are {' or '.join(map(repr, STEP_DIRS))}")
+    step_dir = Path(experiment_dir) / STEP_DIRS[split].format(step)
     step_dir.mkdir(parents=True, exist_ok=True)
     for old in step_dir.glob(PAGE_NAME.format("*")):
         old.unlink()
@@ -201,13 +210,18 @@ def write_step(records: list[dict], experiment_dir: Path, step: int, n_per_batch
 
 # ---- the index -----------------------------------------------------------------------------------------
 def write_index(experiment_dir: Path) -> Path:
-    """(Re)write `experiment_dir/index.html` from every `step_<N>/trajectories.json` there."""
+    """(Re)write `experiment_dir/index.html` from every `step_<N>/` and `val_step_<N>/trajectories.json`
+    there, by step, a step's training trajectories before its validation's."""
     experiment_dir = Path(experiment_dir)
+    manifests = [(_step_number(path.parent), order, split, path)
+                 for order, (split, folder) in enumerate(STEP_DIRS.items())
+                 for path in experiment_dir.glob(f"{folder.format('*')}/{MANIFEST}")]
     rows = []
-    for manifest in sorted(experiment_dir.glob(f"step_*/{MANIFEST}"), key=lambda p: _step_number(p.parent)):
+    for _, _, split, manifest in sorted(manifests):
         for row in json.loads(manifest.read_text(encoding="utf-8")):
-            # the link is built from numbers, never from text read back
-            rows.append(row | {"page": f"step_{int(row['step'])}/{PAGE_NAME.format(int(row['id']))}"})
+            # the link is built from numbers and the folder's split, never from text read back
+            page = f"{STEP_DIRS[split].format(int(row['step']))}/{PAGE_NAME.format(int(row['id']))}"
+            rows.append(row | {"split": SPLIT_NAMES[split], "page": page})
     data = to_json(rows)
     # Inside <script> only "</script" could end the element; escaping < > & keeps the JSON identical.
     data = data.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -224,7 +238,7 @@ def write_index(experiment_dir: Path) -> Path:
 
 
 def _step_number(step_dir: Path) -> int:
-    suffix = step_dir.name.removeprefix("step_")
+    suffix = step_dir.name.removeprefix("val_").removeprefix("step_")
     return int(suffix) if suffix.isdigit() else -1
 
 
@@ -238,6 +252,8 @@ def _write_text(path: Path, text: str) -> Path:
 
 INDEX_FORM = """<form id="filters" autocomplete="off">
 <label>step <select name="step"><option value="">all</option></select></label>
+<label>split <select name="split"><option value="">both</option><option value="train">train</option>
+<option value="validation">validation</option></select></label>
 <label>env <select name="tag"><option value="">all</option></select></label>
 <label>success <select name="success"><option value="">any</option><option value="1">yes</option>
 <option value="0">no</option></select></label>
@@ -253,9 +269,9 @@ INDEX_FORM = """<form id="filters" autocomplete="off">
 <button type="reset">clear</button></form>"""
 
 # (key, heading) of the index's columns; the JS draws the cells in this order
-COLUMNS = [("step", "step"), ("tag", "env"), ("id", "env id"), ("group", "group"), ("seed", "seed"),
-           ("success", "success"), ("reward", "reward"), ("turns", "turns"), ("invalid", "invalid actions"),
-           ("malformed", "malformed replies"), ("truncated", "truncated")]
+COLUMNS = [("step", "step"), ("tag", "env"), ("id", "env id"), ("split", "split"), ("group", "group"),
+           ("seed", "seed"), ("success", "success"), ("reward", "reward"), ("turns", "turns"),
+           ("invalid", "invalid actions"), ("malformed", "malformed replies"), ("truncated", "truncated")]
 INDEX_HEADER = "".join(f'<th data-key="{key}" title="sort">{heading}</th>' for key, heading in COLUMNS)
 
 INDEX_JS = """
@@ -273,9 +289,10 @@ for (const [name, key] of [["step", "step"], ["tag", "tag"]]) {
 for (const r of rows) {
   r.search = r.text.toLowerCase();
   r.tr = document.createElement("tr");
-  r.tr.className = r.success ? "win" : "";
+  r.tr.className = (r.success ? "win" : "") + (r.split === "validation" ? " val" : "");
   for (const key of keys) {
     const td = r.tr.insertCell();
+    td.dataset.key = key;
     if (key === "tag") {
       const a = document.createElement("a");
       a.href = r.page; a.textContent = r.tag; td.append(a);
@@ -296,6 +313,7 @@ function apply() {
   let shown = 0;
   for (const r of rows) {
     const ok = (f.step.value === "" || String(r.step) === f.step.value)
+      && (f.split.value === "" || r.split === f.split.value)
       && (f.tag.value === "" || r.tag === f.tag.value)
       && (f.success.value === "" || r.success === (f.success.value === "1"))
       && (rmin === null || r.reward >= rmin) && (rmax === null || r.reward <= rmax)
@@ -358,7 +376,9 @@ form#filters input[type=number] { width: 5em; } form#filters .wide input { width
 table#list { border-collapse: collapse; width: 100%; margin-top: 12px; font-variant-numeric: tabular-nums; }
 #list th { text-align: left; cursor: pointer; color: var(--muted); font-weight: 600; user-select: none; }
 #list th, #list td { padding: 4px 8px; border-bottom: 1px solid var(--line); }
-#list tr.win td:nth-child(6) { color: var(--ok); font-weight: 600; } #list td.warn { color: var(--bad); }
+#list tr.win td[data-key=success] { color: var(--ok); font-weight: 600; }
+#list td.warn { color: var(--bad); } #list tr.val td[data-key=split] { font-style: italic; }
+#list tr.val td:first-child { box-shadow: inset 3px 0 var(--muted); }
 #list tbody tr:hover { background: var(--card); } #count { color: var(--muted); margin: 0 0 8px; }
 """
 
@@ -384,7 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     pages = 0
     for path in files:
         records = read_jsonl(path)
-        pages += len(write_step(records, args.out_dir, _step_number_of_file(path), args.n_per_batch, custom_envs))
+        split = records[0]["split"] if records else "train"  # every record names its split
+        pages += len(write_step(records, args.out_dir, _step_number_of_file(path), args.n_per_batch, custom_envs,
+                                split))
     index = write_index(args.out_dir)
     print(f"wrote {pages} trajectory pages from {len(files)} steps; open {index} "
           f"(or: cd {args.out_dir} && python -m http.server)")

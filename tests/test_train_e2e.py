@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -9,7 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from verl.utils import checkpoint
+
 REPO = Path(__file__).parents[1]
+# what the libraries print unless trainer.verbose=true: per-worker model load/save bars, the critic's load
+# report (its value head is new), Ray's token-authentication notice
+LIBRARY_NOISE = ("Loading weights", "Writing model shards", "LOAD REPORT", "Token authentication")
 
 
 def train_command(recipe: str, model_path: str, run_dir: Path, *overrides: str) -> list[str]:
@@ -49,6 +55,10 @@ def left_behind(others: dict[str, str]) -> list[str]:
     return [line for pid, line in ray_processes().items() if pid not in others]
 
 
+def library_noise(result: subprocess.CompletedProcess) -> list[str]:
+    return [noise for noise in LIBRARY_NOISE if noise in result.stdout + result.stderr]
+
+
 def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     others = ray_processes()  # another run on this machine (a researcher's training) is not this run's
     result = train("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=2",
@@ -69,6 +79,15 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
         assert m["perf/rollout_tokens_per_s"] == pytest.approx(m["perf/generated_tokens"] / m["timing_s/gen"])
         assert m["perf/peak_memory_gib"] > 0.2  # the actor worker's peak RSS: torch and a model take more
     assert "step 2:" in result.stdout
+    banner = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("[ragen] ")]
+    assert banner[:9] == ["experiment", "model", "start", "steps", "checkpoints", "metrics", "plots", "records",
+                          "pages"]
+    assert "[ragen] start        from scratch" in result.stdout
+    assert "[ragen] the first step took" in result.stdout  # the time the rest takes, after step 1
+    assert "[ragen] finished step 2 of 2" in result.stdout
+    assert f"[ragen] checkpoint   {tmp_path / 'global_step_2'}: the trained policy" in result.stdout
+    assert library_noise(result) == []
+    assert [p.name for p in (tmp_path / "hydra").iterdir()] == [".hydra"]  # the resolved config; no empty train.log
     changed = changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
     assert any("layers.0.self_attn.q_proj" in k for k in changed) and any("layers.1.mlp" in k for k in changed)
     assert left_behind(others) == [], "the run left Ray processes behind"
@@ -83,8 +102,9 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert all("advantage" in turn for r in train_records for turn in r["turns"])
     assert {p.name for p in (tmp_path / "plots").glob("*.png")} == {"success.png", "reward.png", "entropy.png",
                                                                    "reward_std.png"}
-    pages = tmp_path / "log" / "bandit"  # the trajectory browser: step 2 only (every 2nd step), 4 pages
-    assert sorted(p.parent.name for p in pages.rglob("trajectory_data_*.html")) == ["step_2"] * 4
+    pages = tmp_path / "log" / "bandit"  # the trajectory browser: the first and last steps and both validations
+    assert sorted(p.parent.name for p in pages.rglob("trajectory_data_*.html")) == \
+        ["step_1"] * 4 + ["step_2"] * 4 + ["val_step_0"] * 4 + ["val_step_2"] * 4
     assert (pages / "index.html").is_file()
 
 
@@ -116,14 +136,48 @@ def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected,
 def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path):
     # the filter keeps 1 of 4 groups = one mini-batch of 4, split 2 + 2 over the ranks of actor and critic
     others = ray_processes()
-    train("sokoban", tiny_model_path, tmp_path, "algo=starpo_s", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
-          "trainer.n_cpu_ranks_per_node=2", "agent_proxy.max_turn=2", "trainer.val_before_train=false",
-          "trainer.test_freq=-1")
+    result = train("sokoban", tiny_model_path, tmp_path, "algo=starpo_s",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
+                   "trainer.n_cpu_ranks_per_node=2", "agent_proxy.max_turn=2", "trainer.val_before_train=false",
+                   "trainer.test_freq=-1")
+    assert library_noise(result) == [] and "a new value head" in result.stdout  # said once, by the driver
     metrics = read_metrics(tmp_path)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["rollout/filter_kept_ratio"] == 0.25 and "critic/vf_loss" in m for m in metrics)
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
+    assert left_behind(others) == [], "the run left Ray processes behind"
+
+
+def test_verbose_shows_the_libraries_output(tiny_model_path, tmp_path):
+    result = train("bandit", tiny_model_path, tmp_path, "trainer.verbose=true", "algorithm.adv_estimator=gae",
+                   "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+                   "es_manager.train.env_groups=1", "es_manager.train.group_size=4",  # a critic, a small batch
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+    assert {"Loading weights", "Writing model shards", "LOAD REPORT"} <= set(library_noise(result))
+
+
+def test_ctrl_c_ends_with_a_summary_and_a_resumable_checkpoint(tiny_model_path, tmp_path):
+    others = ray_processes()
+    command = train_command("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=100",
+                            "trainer.save_freq=1", "trainer.val_before_train=false")
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    printed = []
+    for line in run.stdout:  # until the first checkpoint is written
+        printed.append(line)
+        if line.startswith("saved checkpoint"):
+            break
+    assert printed[-1:] and printed[-1].startswith("saved checkpoint"), "".join(printed) + run.stderr.read()
+    os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C does: signal the terminal's foreground process group
+    rest, errors = run.communicate(timeout=120)
+    stdout = "".join(printed) + rest
+    assert run.returncode == 130, stdout[-3000:] + errors[-3000:]
+    assert "Traceback" not in stdout + errors and "KeyboardInterrupt" not in stdout + errors
+    assert "[ragen] interrupted after step" in stdout
+    last = checkpoint.latest_checkpoint(tmp_path)  # complete, with its optimizer state
+    assert last is not None and f"[ragen] checkpoint   {last}: the same command resumes from it" in stdout
     assert left_behind(others) == [], "the run left Ray processes behind"
 
 

@@ -11,7 +11,9 @@ is not slippery), the arm with the higher expected value for Bandit, an exhausti
     python -m ragen.envs.baselines SimpleSokoban FrozenLake --seeds 200
 
 takes `custom_envs` tags from config/base.yaml (with their step budget `max_actions_per_traj`, as in
-training) or registered env types (with the env's own `max_steps`), and prints success rates.
+training) or registered env types (with the env's own `max_steps`), and prints success rates. An env without
+an oracle (one you added, before its planner is in ORACLE_PLANS) gets the random agent and an "oracle: not
+available" row.
 """
 
 import argparse
@@ -80,7 +82,7 @@ class OracleAgent:
 
     def act(self, env: gymnasium.Env) -> str:
         env = env.unwrapped
-        if type(env) not in ORACLE_PLANS:
+        if not has_oracle(env):
             raise ValueError(f"no oracle for {type(env).__name__}; add its planner to ORACLE_PLANS")
         if not self.plan:
             self.plan = ORACLE_PLANS[type(env)](env)
@@ -102,6 +104,26 @@ class ConstantAgent:
 
 AGENTS = {"random": RandomAgent, "oracle": OracleAgent}  # built from a seed; the constant agent from a word
 AGENT_NAMES = ["random", "constant", "oracle"]  # the CLI's rows, in order
+
+# tag -> (episodes, {agent: success rate}): `python -m ragen.envs.baselines <tag> --seeds <episodes>
+# --agents random oracle` with config/base.yaml's settings, as in the README's Environments table. The
+# learning-curve plots draw these (ragen/plot.py), so plotting never plays an episode;
+# tests/ragen/envs/test_baselines.py replays every row. Add your env's tag here to get its lines.
+RECORDED_SUCCESS: dict[str, tuple[int, dict[str, float]]] = {
+    "SimpleSokoban": (200, {"random": 0.085, "oracle": 0.985}),
+    "HardSokoban": (200, {"random": 0.155, "oracle": 1.0}),
+    "LargerSokoban": (200, {"random": 0.020, "oracle": 1.0}),
+    "SokobanDifferentGridVocab": (200, {"random": 0.085, "oracle": 0.985}),
+    "FrozenLake": (500, {"random": 0.048, "oracle": 0.418}),
+    "LargerFrozenLake": (500, {"random": 0.0, "oracle": 0.162}),
+    "Bandit": (200, {"random": 0.495, "oracle": 1.0}),
+    "BanditTest": (200, {"random": 0.495, "oracle": 1.0}),
+    "Countdown": (200, {"random": 0.020, "oracle": 1.0}),
+}
+
+
+def has_oracle(env: gymnasium.Env) -> bool:
+    return type(env.unwrapped) in ORACLE_PLANS
 
 
 @dataclass
@@ -176,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if best is None:  # no move set to repeat (Bandit, Countdown)
                     continue
                 label, result = f"{agent_name} {best[0]}", best[1]
+            elif agent_name == "oracle" and not has_oracle(env):
+                print(f"{name:<26}{agent_name:<16}  not available: add a planner for {type(env.unwrapped).__name__} "
+                      "to ORACLE_PLANS in ragen/envs/baselines.py")
+                continue
             else:
                 label, result = agent_name, evaluate(env, AGENTS[agent_name](args.first_seed), seeds,
                                                      args.max_actions or budget)

@@ -78,7 +78,7 @@ def test_veRL_style_overrides_carry_over():
 @pytest.mark.parametrize("override", ["trainer.no_such_key=1", "actor_rollout_ref.actor.clip_ratio=0.2",
                                       "trainer.total_training_steps=many"])
 def test_unknown_keys_and_wrong_types_fail_naming_the_key(override):
-    with pytest.raises(ConfigCompositionException) as error:
+    with pytest.raises((ConfigError, ConfigCompositionException)) as error:  # unknown keys: before Hydra composes
         load("base", override)
     assert override.split("=")[0].split(".")[-1] in str(error.value.__cause__ or error.value)
 
@@ -226,3 +226,136 @@ def test_env_failure_limits_fail_naming_the_key(override, key):
         validate(load("base", "scale=cpu", override), world_size=1)
     validate(load("base", "scale=cpu", "es_manager.env_step_timeout_s=0.5", "es_manager.max_env_failure_share=0"),
              world_size=1)
+
+
+@pytest.mark.parametrize("override, nearest", [
+    ("+anything=1", "the keys at the top level are model_path, actor_rollout_ref"),
+    ("++anything=1", "the keys at the top level are model_path"),
+    ("+trainer.foo=1", "the keys under trainer are project_name, experiment_name"),
+    ("+custom_envs.SimpleSokoban.foo=1", "the keys under custom_envs.SimpleSokoban are env_type"),
+])
+def test_a_plus_override_cannot_add_a_key_the_schema_lacks(override, nearest):
+    # Hydra alone adds these to the structured config, and nothing would ever read them
+    with pytest.raises(ConfigError, match="would add a key that nothing reads") as error:
+        load("sokoban", override)
+    assert nearest in str(error.value)
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("trainer.experimnt_name=x", "did you mean trainer.experiment_name"),
+    ("actor_rollout_ref.actor.ppo_mini_batchsize=4", "did you mean actor_rollout_ref.actor.ppo_mini_batch_size"),
+    ("ppo_mini_batch_size=4", "did you mean actor_rollout_ref.actor.ppo_mini_batch_size"),
+    ("custom_envs.SimpleSokoban.env_typ=sokoban", "did you mean custom_envs.SimpleSokoban.env_type"),
+    ("+es_manager.trian.group_size=2", "did you mean es_manager.train.group_size"),
+])
+def test_a_misspelled_key_names_the_nearest_keys(override, suggestion):
+    with pytest.raises(ConfigError, match="is not a config key") as error:
+        load("sokoban", override)
+    assert suggestion in str(error.value)
+
+
+def test_keys_the_schema_leaves_open_still_pass():
+    from ragen.overrides import rewrite_overrides
+
+    passing = ["algo=grpo", "scale=gpu", "+scale=cpu", "hydra.run.dir=/tmp/x", "hydra/job_logging=disabled",
+               "++custom_envs.SimpleSokoban.env_config.search_depth=40", "custom_envs.SimpleSokoban.env_type=sokoban",
+               "~trainer.rollout_data_dir", "es_manager.val.env_configs.tags=[FrozenLake]"]
+    assert rewrite_overrides(passing, "sokoban") == passing
+
+
+def test_the_ragen_readme_command_is_translated_with_a_notice(capsys):
+    # RAGEN's README: bash train.sh sokoban model.experiment_name=new_test_debug training.train_batch_size=128 ...
+    cfg = load("sokoban", "model.experiment_name=new_test_debug", "training.train_batch_size=128",
+               "training.ppo_batch_size=64")
+    assert cfg.trainer.experiment_name == "new_test_debug"
+    assert cfg.es_manager.train.env_groups == 128 and cfg.es_manager.train.env_configs.n_groups == [128]
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 64
+    validate(cfg, world_size=1)
+    notices = capsys.readouterr().err.splitlines()
+    assert "[ragen] model.experiment_name=new_test_debug: RAGEN's old key, now trainer.experiment_name=new_test_debug" \
+        in notices
+    assert "[ragen] training.ppo_batch_size=64: RAGEN's old key, now actor_rollout_ref.actor.ppo_mini_batch_size=64" \
+        in notices
+    # Hydra's hint for the old key, `+model.experiment_name=...`, ran with the name ignored: now it is the name
+    assert load("sokoban", "+model.experiment_name=mine").trainer.experiment_name == "mine"
+
+
+@pytest.mark.parametrize("old, read_back, expected", [
+    ("model.base_model=/some/model", lambda c: c.actor_rollout_ref.model.path, "/some/model"),
+    ("model.gradient_checkpointing=false", lambda c: c.actor_rollout_ref.model.enable_gradient_checkpointing, False),
+    ("training.micro_batch_size=2", lambda c: (c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,
+                                               c.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu), (2, 2)),
+    ("training.n_rollout=8", lambda c: c.es_manager.train.group_size, 8),
+    ("training.max_turns=3", lambda c: c.agent_proxy.max_turn, 3),
+    ("max_turns=3", lambda c: c.agent_proxy.max_turn, 3),
+    ("training.no_think_rl=True", lambda c: c.agent_proxy.enable_think, False),
+    ("training.val_data_num=16", lambda c: c.es_manager.val.env_groups, 16),
+    ("optimization.actor_lr=3e-6", lambda c: c.actor_rollout_ref.actor.optim.lr, 3e-6),
+    ("optimization.kl_coef=0.04", lambda c: c.actor_rollout_ref.actor.kl_loss_coef, 0.04),
+    ("optimization.adv_estimator=grpo", lambda c: c.algorithm.adv_estimator, "grpo"),
+    ("system.n_gpus=4", lambda c: c.trainer.n_gpus_per_node, 4),
+    ("logging.mode=console", lambda c: c.trainer.logger, ["console"]),
+    ("logging.mode=['wandb']", lambda c: c.trainer.logger, ["wandb"]),
+    ("logging.log_image_step_size=1", lambda c: c.logging.log_image_step_size, 1),  # the same key today
+    ("env.dim_x=7", lambda c: c.custom_envs["SimpleSokoban"].env_config["dim_x"], 7),
+    ("env.env_kwargs.search_depth=40", lambda c: c.custom_envs["SimpleSokoban"].env_config["search_depth"], 40),
+])
+def test_old_ragen_keys_set_todays(old, read_back, expected):
+    assert read_back(load("sokoban", old)) == expected
+
+
+def test_old_env_keys_go_to_the_recipes_environment():
+    from ragen.overrides import rewrite_argv
+
+    assert rewrite_argv(["--config-name", "frozen_lake", "env.env_kwargs.size=5", "-m"]) == [
+        "--config-name", "frozen_lake", "-m", "++custom_envs.FrozenLake.env_config.size=5"]
+    assert load("frozen_lake", "env.env_kwargs.size=5").custom_envs["FrozenLake"].env_config["size"] == 5
+
+
+@pytest.mark.parametrize("old, nearest", [
+    ("training.max_start_length=400", "actor_rollout_ref.rollout.max_model_len"),
+    ("training.total_epochs=5", "trainer.total_training_steps"),
+    ("trainer.val_only=true", "python -m ragen.eval"),
+    ("env.name=sokoban", "bash train.sh <recipe>"),
+    ("training.rollout_tp_size=2", "trainer.n_gpus_per_node"),
+])
+def test_old_keys_without_an_equivalent_stop_naming_the_nearest(old, nearest):
+    with pytest.raises(ConfigError, match="no equivalent") as error:
+        load("sokoban", old)
+    assert nearest in str(error.value)
+
+
+def test_every_old_key_leads_to_a_schema_key():
+    from ragen.overrides import ENV_VARS, OLD_KEYS, Moved, is_old_key, is_schema_key
+
+    for old, entry in OLD_KEYS.items():
+        assert not is_schema_key(old), old  # an old key that is also a current one would never be translated
+        if isinstance(entry, Moved):
+            assert all(is_schema_key(key) for key in entry.keys), old
+        else:  # the nearest names a current key, or a command
+            assert entry.nearest.startswith("python -m ") or any(
+                is_schema_key(word.strip("(),")) for word in entry.nearest.split()), old
+    assert all(is_old_key(key) or is_schema_key(key) for key in ENV_VARS.values())
+
+
+def test_the_first_readme_environment_variables_become_overrides(capsys):
+    from ragen.overrides import from_env_vars
+
+    readme = {"DATA_DIR": "data/sokoban", "DIM_X": "6", "DIM_Y": "6", "NUM_BOXES": "1", "MAX_STEPS": "5",
+              "SEARCH_DEPTH": "30", "BASE_MODEL": "Qwen/Qwen2.5-0.5B", "EXPERIMENT_NAME": "test-qwen2.5-0.5b",
+              "MICRO_BATCH_SIZE": "1", "TRAIN_BATCH_SIZE": "128", "PPO_BATCH_SIZE": "64", "MAX_START_LENGTH": "400",
+              "MAX_RESPONSE_LENGTH": "100", "MAX_OBS_LENGTH": "120", "MAX_TURNS": "5", "NUM_UPDATE_PER_ROLL": "1",
+              "LOG_MODE": "['wandb']", "GCP": "True", "N_GPUS": "1", "ROLLOUT_TP_SIZE": "1", "HOME": "/root"}
+    overrides = from_env_vars(readme)
+    cfg = load("sokoban", *overrides)
+    assert cfg.custom_envs["SimpleSokoban"].env_config == {"dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5,
+                                                           "search_depth": 30, "cell_separator": ""}
+    assert (cfg.model_path, cfg.trainer.experiment_name) == ("Qwen/Qwen2.5-0.5B", "test-qwen2.5-0.5b")
+    assert (cfg.es_manager.train.env_groups, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (128, 64)
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1 and cfg.agent_proxy.max_turn == 5
+    assert cfg.actor_rollout_ref.rollout.response_length == 100 and cfg.trainer.logger == ["wandb"]
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing and cfg.trainer.n_gpus_per_node == 1
+    ignored = [line.split("=")[0] for line in capsys.readouterr().err.splitlines() if " ignored: " in line]
+    assert ignored == ["[ragen] MAX_START_LENGTH", "[ragen] MAX_OBS_LENGTH", "[ragen] ROLLOUT_TP_SIZE",
+                       "[ragen] DATA_DIR"]
+    assert from_env_vars({"HOME": "/root", "PATH": "/bin"}) == []  # no old variable: train.sh prints its usage

@@ -114,6 +114,42 @@ def test_pages_are_written_where_ragen_puts_them_and_the_index_lists_every_step(
     assert links == ["../index.html", "trajectory_data_0.html", "trajectory_data_3.html"]
 
 
+@pytest.mark.parametrize("steps, train_pages", [(2, ["step_1", "step_2"]), (6, ["step_1", "step_4", "step_6"])])
+def test_a_run_writes_its_first_and_last_steps_and_every_validation(tmp_path, steps, train_pages):
+    from ragen.config import load_config
+    from ragen.train import trajectory_pages
+
+    cfg = load_config("bandit", [f"trainer.total_training_steps={steps}", "logging.log_image_step_size=4",
+                                 f"logging.log_image_dir={tmp_path}", "logging.log_n_image_per_batch=-1"])
+    on_records = trajectory_pages(cfg)
+
+    def rollout(split: str, step: int, seeds: list[int]) -> list[dict]:
+        return [play("Bandit", ["phoenix"], env_id=i, group_id=i, seed=seed, step=step) | {"split": split}
+                for i, seed in enumerate(seeds)]
+
+    # the trainer's calls (PPOTrainer.fit): validation before training, every step's rollout, validation after
+    # the last; validation plays the same start states every time, training new ones every step
+    on_records(rollout("val", 0, [900, 901]), "val", 0)
+    for step in range(1, steps + 1):
+        on_records(rollout("train", step, [10 * step, 10 * step + 1]), "train", step)
+    on_records(rollout("val", steps, [900, 901]), "val", steps)
+
+    experiment = tmp_path / "bandit"
+    assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == \
+        sorted(train_pages + ["val_step_0", f"val_step_{steps}"])
+    rows = index_rows(experiment)
+    val_rows = [(r["step"], r["id"], r["seed"]) for r in rows if r["split"] == "validation"]
+    assert val_rows == [(0, 0, 900), (0, 1, 901), (steps, 0, 900), (steps, 1, 901)]  # one level, two steps
+    assert [r["page"] for r in rows if r["split"] == "validation"] == \
+        [f"val_step_{s}/trajectory_data_{i}.html" for s in (0, steps) for i in (0, 1)]
+    assert sorted({r["page"].split("/")[0] for r in rows if r["split"] == "train"}) == sorted(train_pages)
+    assert all((experiment / r["page"]).is_file() for r in rows)
+    # training before validation within a step
+    assert [r["split"] for r in rows if r["step"] == steps] == ["train"] * 2 + ["validation"] * 2
+    title = Elements((experiment / "val_step_0" / "trajectory_data_1.html").read_text()).text[0]
+    assert title == "Bandit · step 0 · env 1 · validation"
+
+
 def test_rewriting_a_step_drops_its_old_pages(tmp_path):
     records = [play("Bandit", ["phoenix"], env_id=i, group_id=i, seed=i) for i in range(4)]
     write_step(records, tmp_path, 1, -1, CUSTOM_ENVS)
@@ -245,6 +281,17 @@ def test_command_line_builds_the_browser_from_saved_records(tmp_path, capsys):
     assert [(r["step"], r["id"]) for r in index_rows(out)] == [(2, 0), (2, 1), (10, 0), (10, 1)]
     assert len(images(out / "step_10" / "trajectory_data_1.html")) == 2
     assert "wrote 4 trajectory pages from 2 steps" in capsys.readouterr().out
+
+
+def test_command_line_puts_validation_records_beside_the_training_ones(tmp_path):
+    out = tmp_path / "log" / "exp"
+    for split in ("train", "val"):
+        records = [play("Bandit", ["phoenix"], env_id=i, group_id=i, seed=i) | {"split": split} for i in range(2)]
+        write_jsonl(tmp_path / "rollouts" / split / "step_4.jsonl", records)
+        main([str(tmp_path / "rollouts" / split), str(out)])
+    assert [(r["split"], r["page"]) for r in index_rows(out)] == \
+        [("train", "step_4/trajectory_data_0.html"), ("train", "step_4/trajectory_data_1.html"),
+         ("validation", "val_step_4/trajectory_data_0.html"), ("validation", "val_step_4/trajectory_data_1.html")]
 
 
 def strict_json(text: str):

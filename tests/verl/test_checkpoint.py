@@ -345,3 +345,25 @@ def test_the_trainer_saves_its_ranks_and_config_and_resumes_the_kl_controller(tm
     fixed = ppo_trainer(tmp_path, kl_type="fixed")  # so is a new controller type with the same coefficient
     assert fixed.resume() == 3 and fixed.kl_ctrl.value == 0.1
     assert ppo_trainer(tmp_path, resume_mode="disable").resume() == 0
+
+
+def test_older_checkpoints_keep_their_weights_and_drop_their_optimizer_state(tmp_path):
+    def save_with_train_state(step, resumable):
+        staging = checkpoint.staging_dir(tmp_path, step)
+        (staging / "actor").mkdir()
+        (staging / "actor" / "weights").write_text(f"step {step}")
+        (staging / "actor" / "train_state_rank0.pt").write_text("moments")
+        checkpoint.commit(staging, step, {"step": step, "world_size": 1}, RUN_CONFIG, keep=3, resumable=resumable)
+
+    for step in (1, 2, 3):
+        save_with_train_state(step, resumable=2)
+    has_state = [(tmp_path / f"global_step_{s}" / "actor" / "train_state_rank0.pt").exists() for s in (1, 2, 3)]
+    assert has_state == [False, True, True]
+    assert all((tmp_path / f"global_step_{s}" / "actor" / "weights").exists() for s in (1, 2, 3))
+    with pytest.raises(checkpoint.ResumeError, match="keeps only its weights.*model_path="):
+        checkpoint.check_resume(trainer_config(tmp_path, resume_mode=str(tmp_path / "global_step_1")), 1, RUN_CONFIG)
+    (tmp_path / "latest_checkpointed_iteration.txt").unlink()
+    (tmp_path / "global_step_3" / "trainer_state.json").unlink()  # the newest is broken: fall back to one that resumes
+    assert checkpoint.latest_checkpoint(tmp_path) == tmp_path / "global_step_2"
+    save_with_train_state(4, resumable=None)  # null: nothing more is dropped
+    assert (tmp_path / "global_step_2" / "actor" / "train_state_rank0.pt").exists()

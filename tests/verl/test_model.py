@@ -2,7 +2,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+import huggingface_hub
 import pytest
+from huggingface_hub import errors
 
 from verl.utils import model as model_utils
 from verl.utils.model import ModelNotFoundError, resolve_model_path
@@ -40,8 +42,59 @@ def test_unknown_bundled_name_and_missing_folder():
         resolve_model_path("./no/such/model")
 
 
-def test_local_folder_and_hub_id(tmp_path, tiny_model_path):
+def test_local_folder_and_hub_id(tmp_path, tiny_model_path, monkeypatch):
     assert resolve_model_path(tiny_model_path) == str(Path(tiny_model_path).resolve())
-    assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     with pytest.raises(ModelNotFoundError, match="config.json"):
         resolve_model_path(str(tmp_path))
+    # a hub id in the local cache (offline, as the tests run); online, one the hub has is downloaded on load
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: f"/cache/{repo_id}")
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: None)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo_id, timeout: object())
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def no_hub_lookup(self, repo_id, timeout):
+    pytest.fail("offline, the hub must not be asked")
+
+
+def not_on_the_hub(self, repo_id, timeout):
+    raise errors.RepositoryNotFoundError.__new__(errors.RepositoryNotFoundError)  # the hub's 404, sans response
+
+
+def unreachable_hub(self, repo_id, timeout):
+    raise ConnectionError("[Errno -2] Name or service not known")
+
+
+@pytest.mark.parametrize("offline, model_info, says", [
+    (True, no_hub_lookup, "nor a model in the local Hugging Face cache"),
+    (False, not_on_the_hub, "nor a model on the Hugging Face hub"),
+    (False, unreachable_hub, "Name or service not known"),
+])
+def test_missing_relative_model_path_fails_at_once_naming_it(tmp_path, monkeypatch, offline, model_info, says):
+    """`models/sokoban-sft` run from another folder looks like a hub id: the hub is asked once at most (not
+    transformers' minute of retries), and the error names the path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    with pytest.raises(ModelNotFoundError, match=says) as error:
+        resolve_model_path("models/sokoban-sft")
+    assert "'models/sokoban-sft' is no folder under " + str(tmp_path) in str(error.value)
+
+
+def test_value_model_refuses_a_checkpoint_missing_backbone_weights(tmp_path, tiny_model_path):
+    """Its load report is hidden (the new head is always listed as missing), so a missing backbone weight,
+    which transformers would fill with random numbers, stops the load instead."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "incomplete"
+    shutil.copytree(tiny_model_path, folder)
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    model_utils.load_value_model(tiny_model_path)
+    with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight"):
+        model_utils.load_value_model(str(folder))

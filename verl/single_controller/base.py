@@ -18,6 +18,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.utils import memory
 from verl.utils.fsdp import init_single_rank_group
+from verl.utils.tracking import quiet_libraries
 
 ONE_TO_ALL = "one_to_all"
 DATA_PARALLEL = "data_parallel"
@@ -32,10 +33,13 @@ def register(dispatch: str) -> Callable:
 
 
 class Worker:
-    """One rank. With several ranks it joins a torch.distributed group (gloo on CPU, NCCL on GPU)."""
+    """One rank. With several ranks it joins a torch.distributed group (gloo on CPU, NCCL on GPU).
+    `verbose=False` silences the libraries' progress bars and notices in this process (`trainer.verbose`)."""
 
-    def __init__(self, rank: int, world_size: int, init_method: str | None):
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, world_size: int, init_method: str | None, verbose: bool = True):
+        self.rank, self.world_size, self.verbose = rank, world_size, verbose
+        if not verbose:
+            quiet_libraries()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         if self.device.type == "cuda":

@@ -144,6 +144,8 @@ class TrainerConfig:
     # validation start states are seeds val_seed + group: the same whatever trainer.seed, never trained on
     val_seed: int = 1_000_000
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    # also the libraries' output: per-worker model load/save progress bars, load reports, Ray's notices
+    verbose: bool = False
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     test_freq: int = 10  # validate every this many steps (and after the last); -1: never after val_before_train
     val_before_train: bool = True  # validate the initial model first: the baseline of every val curve
@@ -151,7 +153,10 @@ class TrainerConfig:
     save_freq: int = 20  # checkpoint every this many steps (and after the last); -1: only after the last
     resume_mode: str = "auto"  # auto: from the latest checkpoint in default_local_dir, if any | disable | <path>
     resume_force: bool = False  # resume even though model, LoRA shape, estimator or training envs changed
-    max_actor_ckpt_to_keep: int | None = None  # keep only the newest N checkpoints; None keeps all
+    max_actor_ckpt_to_keep: int | None = 2  # keep only the newest N checkpoints; null keeps all
+    # the newest N checkpoints keep their optimizer state (a resume needs it); older ones keep only their
+    # weights, a third of the size (to evaluate, or to start a new run from); null: every checkpoint keeps it
+    resumable_checkpoints: int | None = 1
     # stop after this many steps in a row whose update skipped an optimizer step (non-finite gradient); 0: never
     max_consecutive_nonfinite_steps: int = 3
     # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved

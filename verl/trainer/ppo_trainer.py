@@ -20,7 +20,7 @@ from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, 
                                      explained_variance, group_index, group_mean_std, masked_mean, select_groups,
                                      turn_end_mask)
 from verl.utils import checkpoint
-from verl.utils.tracking import Tracking, progress, write_jsonl
+from verl.utils.tracking import Tracking, duration, progress, write_jsonl
 
 
 class RolloutProducer(Protocol):
@@ -62,6 +62,7 @@ class PPOTrainer:
             print(f"the checkpoint is at step {done} >= trainer.total_training_steps={last}: nothing to train "
                   "(trainer.resume_mode=disable starts over)", flush=True)
         nonfinite_steps = 0  # training steps in a row whose update skipped an optimizer step
+        started = time.perf_counter()
         for step in progress(range(done + 1, last + 1), desc="training steps", initial=done, total=last):
             metrics: dict[str, float] = {}
             with timed("step", metrics):
@@ -82,6 +83,8 @@ class PPOTrainer:
                                                     self.config.max_consecutive_nonfinite_steps)
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
                 self.save(step)
+            if step == done + 1 and step < last:
+                print(time_left(time.perf_counter() - started, last - step), flush=True)
 
     def filter(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most.
@@ -201,7 +204,8 @@ class PPOTrainer:
             self.critic_wg.save_checkpoint(str(staging / "critic"))
         state = {"step": step, "world_size": self.actor_rollout_wg.world_size, "kl_coef": self.kl_ctrl.value,
                  "kl_ctrl": {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef}}
-        path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep)
+        path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep,
+                                 resumable=self.config.resumable_checkpoints)
         print(f"saved checkpoint {path}", flush=True)
         return path
 
@@ -223,6 +227,13 @@ class PPOTrainer:
         self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
         print(f"resumed from {path} (step {state['step']})", flush=True)
         return state["step"]
+
+
+def time_left(first_step_s: float, steps_left: int) -> str:
+    """The rest of the run at the pace of its first step: an estimate, since replies grow or shrink and
+    validations and checkpoints come only every few steps."""
+    return (f"[ragen] the first step took {duration(first_step_s)}: the {steps_left} steps left take about "
+            f"{duration(first_step_s * steps_left)} at that pace (estimate)")
 
 
 def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:

@@ -41,6 +41,7 @@ from verl.trainer.config import TrainerConfig
 LATEST = "latest_checkpointed_iteration.txt"
 TRAINER_STATE = "trainer_state.json"
 RUN_CONFIG = "config.yaml"
+WEIGHTS_ONLY = "weights_only"  # a checkpoint whose optimizer state was dropped (`drop_train_state`)
 
 # Keys of the run's root config (ragen/config.py) that a resume may not change, with everything under them:
 # the checkpoint's tensors would not fit (model, LoRA shape, a critic that appears or vanishes), or the steps
@@ -66,9 +67,11 @@ def staging_dir(root: str | Path, step: int) -> Path:
     return staging
 
 
-def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep: int | None) -> Path:
+def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep: int | None,
+           resumable: int | None = None) -> Path:
     """Finish a checkpoint: the run's config, the trainer state (the completeness marker, written last), the
-    swap into place, the `latest` pointer, then pruning."""
+    swap into place, the `latest` pointer, then pruning: `keep` checkpoints in all, the newest `resumable` of
+    them with their optimizer state (None: all of them)."""
     (staging / RUN_CONFIG).write_text(yaml.safe_dump(run_config, sort_keys=False), encoding="utf-8")
     (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "rng": driver_rng_state()}), encoding="utf-8")
     final = step_dir(staging.parent, step)
@@ -76,7 +79,19 @@ def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep
     _write_atomic(staging.parent / LATEST, str(step))
     if keep is not None:
         prune(staging.parent, step, keep)
+    if resumable is not None:
+        older = sorted(s for s in _complete_steps(staging.parent) if s < step)
+        for old in older[:max(0, len(older) - (resumable - 1))]:
+            drop_train_state(step_dir(staging.parent, old))
     return final
+
+
+def drop_train_state(folder: Path) -> None:
+    """Keep a checkpoint's weights but not its optimizer state: it can still be evaluated or start a new run
+    (`model_path=`), not be resumed. Marked first, so that a crash midway leaves it marked."""
+    (folder / WEIGHTS_ONLY).touch()
+    for file in folder.glob("*/train_state_rank*.pt"):
+        file.unlink()
 
 
 def prune(root: Path, step: int, keep: int) -> None:
@@ -134,13 +149,13 @@ def written_whole(target: str | Path) -> Iterator[Path]:
 def latest_checkpoint(root: str | Path) -> Path | None:
     """The checkpoint written last under `root` (the `latest` pointer), or None. Only if the pointer is
     missing or names no complete checkpoint (a crash between a commit's steps): the complete one of the
-    highest step."""
+    highest step that still has its optimizer state."""
     pointer = Path(root) / LATEST
     if pointer.is_file():
         path = step_dir(root, int(pointer.read_text(encoding="utf-8").strip()))
         if (path / TRAINER_STATE).is_file():
             return path
-    steps = _complete_steps(Path(root))
+    steps = [s for s in _complete_steps(Path(root)) if not (step_dir(root, s) / WEIGHTS_ONLY).exists()]
     return step_dir(root, max(steps)) if steps else None
 
 
@@ -162,6 +177,10 @@ def check_resume(config: TrainerConfig, world_size: int, run_config: dict) -> di
     if path is None:
         return {}
     state = read_trainer_state(path)
+    if (path / WEIGHTS_ONLY).exists():
+        raise ResumeError(f"{path} keeps only its weights (its optimizer state was dropped when newer checkpoints "
+                          "were saved; trainer.resumable_checkpoints sets how many keep it): resume from the latest "
+                          f"checkpoint, or start a new run from these weights with model_path={path}")
     if "world_size" not in state or not (path / RUN_CONFIG).is_file():
         raise ResumeError(f"{path} was written by an earlier RAGEN, without the rank count and config a resume "
                           "checks: start over (trainer.resume_mode=disable or another trainer.experiment_name), "

@@ -6,11 +6,13 @@
   later loads take about a second instead of twenty;
 - a local folder with `config.json` (a merged LoRA model, a downloaded model), or a training checkpoint
   `global_step_N/`, which stands for its actor;
-- a hub id, resolved by transformers (from its cache when `HF_HUB_OFFLINE=1`).
+- a hub id, resolved by transformers (from its cache when `HF_HUB_OFFLINE=1`). An `owner/name` that is no
+  folder here must be in that cache or on the hub: checked at once, as a mistyped local path often is one.
 """
 
 import importlib.util
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -49,7 +51,35 @@ def resolve_model_path(model_path: str) -> str:
         raise ModelNotFoundError(
             f"model_path={model_path!r} does not exist. Use a local model folder, a hub id such as "
             f"'Qwen/Qwen2.5-0.5B-Instruct', or the bundled model '{BUNDLED_PREFIX}SmolLM2-135M-Instruct'")
+    _check_hub_id(model_path)
     return model_path
+
+
+def _check_hub_id(model_id: str) -> None:
+    """Fail at once on an `owner/name` that is neither a folder here nor a model the local Hugging Face cache
+    or the hub has: mostly a local path run from another folder (`models/sokoban-sft`), which transformers
+    would look up on the hub through a minute of retries. Online, the hub is asked once, without retries."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+        return
+    missing = f"model_path={model_id!r} is no folder under {Path.cwd()}"
+    local = "A local model: check the path (relative to where you run, or absolute)"
+    if constants.HF_HUB_OFFLINE:
+        raise ModelNotFoundError(f"{missing}, nor a model in the local Hugging Face cache (HF_HUB_OFFLINE=1: no "
+                                 f"downloads). {local}. A hub model (owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct): "
+                                 "download it first (`hf download <id>`), or unset HF_HUB_OFFLINE")
+    try:
+        HfApi().model_info(model_id, timeout=10)
+    except GatedRepoError:
+        return  # it exists; loading it says how to get access
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(f"{missing}, nor a model on the Hugging Face hub. {local}") from None
+    except Exception as e:  # no network, a proxy, the hub down: the hub's own client would retry for a minute
+        raise ModelNotFoundError(f"{missing}, and asking the Hugging Face hub for it as a model id failed "
+                                 f"({type(e).__name__}: {e}). {local}. A hub model needs the network, or to be in "
+                                 "the local Hugging Face cache already (`hf download <id>`)") from None
 
 
 def _checkpoint_model(path: Path) -> Path:
@@ -190,24 +220,40 @@ def last_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
     return captured[0]
 
 
-def load_value_model(path: str, attn_implementation: str = "sdpa"):
+def load_value_model(path: str, attn_implementation: str = "sdpa", load_report: bool = False):
     """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
 
     The backbone comes from the checkpoint at `path`; the head is new, drawn from a fixed seed, so every
     rank (and every run) starts from the same critic. Dropout before the head is off, so a value is a
-    deterministic function of the tokens.
+    deterministic function of the tokens. transformers' load report, which always lists the new head as
+    MISSING, is shown only with `load_report`; a backbone weight missing from the checkpoint is an error.
     """
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    if not load_report:  # a filter, not a level: at WARNING transformers would run a tensor-parallel check that warns
+        report_logger.addFilter(_errors_only)
     try:
         with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
             torch.manual_seed(0)
-            return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
-                                                                   attn_implementation=attn_implementation)
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=torch.float32, attn_implementation=attn_implementation,
+                output_loading_info=True)
     except OSError as e:
         raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e
+    finally:
+        report_logger.removeFilter(_errors_only)
+    backbone_missing = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
+    if backbone_missing:
+        raise ValueError(f"the critic's backbone weights {backbone_missing[:5]} are missing from {path}: "
+                         "it would start from random weights there. Is it a complete causal LM folder?")
+    return model
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
 
 
 def read_weights(model: torch.nn.Module, folder: str | Path) -> dict[str, torch.Tensor]:

@@ -122,8 +122,33 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
+def duration(seconds: float) -> str:
+    """`seconds` for a person: 42 s, 3 min 5 s, 2 h 10 min."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
 def progress(iterable, **kwargs):
     """A progress bar on a terminal; nothing in logs, CI or Ray workers (stderr not a terminal)."""
     from tqdm import tqdm
 
     return tqdm(iterable, disable=not sys.stderr.isatty(), dynamic_ncols=True, **kwargs)
+
+
+def quiet_libraries() -> None:
+    """Silence what libraries print that says nothing about the run (`trainer.verbose=false`): transformers'
+    "Loading weights" and "Writing model shards" bars at every load and save, Hugging Face download bars, and
+    Ray's token-authentication notice. Each process does its own: the driver and every worker (a Ray actor
+    does not inherit the driver's settings). Other warnings, and errors, still show."""
+    import logging
+
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)

@@ -35,8 +35,8 @@ from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
 class ActorRolloutRefWorker(Worker):
     def __init__(self, config: ActorRolloutRefConfig, lora: LoraConfig | None = None, *, rank: int, world_size: int,
-                 init_method: str | None):
-        super().__init__(rank, world_size, init_method)
+                 init_method: str | None, verbose: bool = True):
+        super().__init__(rank, world_size, init_method, verbose)
         self.config, self.lora = config, lora or LoraConfig()
 
     @register(ONE_TO_ALL)

@@ -17,14 +17,16 @@ from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batc
 
 
 class CriticWorker(Worker):
-    def __init__(self, config: CriticConfig, *, rank: int, world_size: int, init_method: str | None):
-        super().__init__(rank, world_size, init_method)
+    def __init__(self, config: CriticConfig, *, rank: int, world_size: int, init_method: str | None,
+                 verbose: bool = True):
+        super().__init__(rank, world_size, init_method, verbose)
         self.config = config
 
     @register(ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
-        self.model = load_value_model(cfg.model.path, attention_implementation(cfg.model.dtype)).to(self.device)
+        self.model = load_value_model(cfg.model.path, attention_implementation(cfg.model.dtype),
+                                      load_report=self.verbose).to(self.device)
         self.model.config.use_cache = False
         if cfg.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(self.model)

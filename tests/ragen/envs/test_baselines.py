@@ -1,7 +1,18 @@
 import pytest
 
-from ragen.envs import make_env
-from ragen.envs.baselines import ConstantAgent, OracleAgent, RandomAgent, best_constant, evaluate, main
+from ragen.envs import ENV_REGISTRY, make_env
+from ragen.envs.baselines import (
+    AGENTS,
+    RECORDED_SUCCESS,
+    ConstantAgent,
+    OracleAgent,
+    RandomAgent,
+    best_constant,
+    evaluate,
+    main,
+    resolve_env,
+)
+from tests.ragen.envs.test_checker import Walk, WalkConfig
 
 
 def test_oracle_solves_every_6x6_sokoban_level_of_200_seeds():
@@ -74,3 +85,28 @@ def test_best_constant_move_is_a_real_yardstick_on_slippery_frozen_lake():
 
 def test_no_constant_baseline_without_a_move_set():
     assert best_constant(make_env("bandit"), range(5), max_actions=1) is None
+
+
+@pytest.mark.parametrize("env_type", sorted(ENV_REGISTRY))
+def test_cli_runs_the_random_agent_on_every_registered_env(env_type, capsys):
+    main([env_type, "--seeds", "2", "--agents", "random"])
+    (row,) = capsys.readouterr().out.strip().splitlines()[1:]
+    assert row.split()[:3] == [env_type, "random", "2"]
+
+
+def test_an_env_without_an_oracle_gets_the_random_agent_and_a_note(monkeypatch, capsys):
+    monkeypatch.setitem(ENV_REGISTRY, "walk", (Walk, WalkConfig))  # registered as the README's guide says
+    main(["walk", "--seeds", "5"])
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [row.split()[:2] for row in rows] == [["walk", "random"], ["walk", "oracle"]]  # no move set: no constant
+    assert rows[0].split()[2] == "5"
+    assert "not available" in rows[1] and "Walk" in rows[1] and "ORACLE_PLANS" in rows[1]
+
+
+@pytest.mark.parametrize("tag", sorted(RECORDED_SUCCESS))
+def test_the_recorded_success_rates_are_what_the_agents_score(tag):
+    """The plots' baseline lines (and the README's table) are these agents' scores on the tag's settings."""
+    episodes, rates = RECORDED_SUCCESS[tag]
+    env, budget = resolve_env(tag)
+    for agent, rate in rates.items():
+        assert evaluate(env, AGENTS[agent](0), range(episodes), budget).success_rate == pytest.approx(rate, abs=5e-4)

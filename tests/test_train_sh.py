@@ -1,0 +1,25 @@
+"""`train.sh` offers the RL recipes only: not base.yaml (what they build on) nor sft.yaml (the SFT trainer's)."""
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).parents[1]
+
+
+def train_sh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "train.sh"), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_usage_lists_the_rl_recipes_only():
+    done = train_sh()
+    assert done.returncode == 2 and done.stderr.startswith("usage: bash train.sh <recipe>")
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("recipes:")]
+    recipes = line.removeprefix("recipes:").split()
+    assert "sft" not in recipes and "base" not in recipes
+    assert recipes == sorted(p.stem for p in (REPO / "config").glob("*.yaml") if p.stem not in ("base", "sft"))
+
+
+def test_sft_is_refused_with_the_sft_command():
+    done = train_sh("sft")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "sft/finetune_lora.sh" in done.stderr and "not an RL recipe" in done.stderr
