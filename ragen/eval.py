@@ -20,7 +20,7 @@ from ragen.config import ConfigError, RagenConfig, validate
 from ragen.train import check_overrides, make_agent, pick_scale
 from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
-from verl.utils.tracking import to_json, write_jsonl
+from verl.utils.tracking import quiet_libraries, to_json, write_jsonl
 from verl.workers.actor import ActorRolloutRefWorker
 
 COLUMNS = ["success", "pass@1", "reward", "num_turns", "num_actions", "valid_action_rate", "effective_action_rate"]
@@ -30,7 +30,9 @@ def evaluate(cfg: RagenConfig, output_dir: Path) -> dict[str, float]:
     validate(cfg, world_size=1)
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-    actor_rollout_wg = LocalWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref)
+    if not cfg.trainer.verbose:
+        quiet_libraries()
+    actor_rollout_wg = LocalWorkerGroup(ActorRolloutRefWorker, cfg.actor_rollout_ref, verbose=cfg.trainer.verbose)
     actor_rollout_wg.init_model()
     rollout = make_agent(cfg, "val", actor_rollout_wg, tokenizer).rollout(0)
     write_jsonl(output_dir / "trajectories.jsonl", rollout.records)
