@@ -3,12 +3,14 @@
 #   bash train.sh sokoban trainer.total_training_steps=200 algorithm.adv_estimator=grpo
 # Recipes are the YAML files in config/ (sokoban, bandit, ...); every key is documented in
 # ragen/config.py and verl/trainer/config.py.
-# RAGEN's first form, `bash ./train.sh` with settings in environment variables (DIM_X, BASE_MODEL, ...),
-# trains the sokoban recipe with those settings translated (README, "Old RAGEN commands and keys").
+# RAGEN's first form, `bash ./train.sh` with settings in environment variables (DIM_X ... NUM_BOXES, BASE_MODEL,
+# ...), trains the sokoban recipe with those settings translated (README, "Old RAGEN commands and keys").
 set -euo pipefail
 configs="$(dirname "$0")/config"
 recipe=${1:-}
-if [[ -z $recipe || $recipe == *=* ]] && legacy=$(python -m ragen.overrides --from-env) && [[ -n $legacy ]]; then
+# the old form sets the Sokoban room (DIM_X ...): other old names (EXPERIMENT_NAME, N_GPUS) are too common
+if [[ -z $recipe || $recipe == *=* ]] && [[ -n ${DIM_X:-}${DIM_Y:-}${NUM_BOXES:-}${MAX_STEPS:-}${SEARCH_DEPTH:-} ]]; then
+    legacy=$(python -m ragen.overrides --from-env)  # a variable it refuses stops here, with its message
     mapfile -t legacy <<< "$legacy"  # one override a line
     exec python -m ragen.train --config-name sokoban "${legacy[@]}" "$@"
 fi

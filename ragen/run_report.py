@@ -62,6 +62,8 @@ def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None) -
     fresh = metrics_file.is_file() and metrics_file.stat().st_mtime >= started  # not an earlier run's
     steps = [row["step"] for row in read_jsonl(metrics_file)] if fresh else []
     last = checkpoint.latest_checkpoint(run_dir)
+    if not steps and last is not None and (last / checkpoint.TRAINER_STATE).stat().st_mtime >= started:
+        steps = [checkpoint.read_trainer_state(last)["step"]]  # no metrics.jsonl (jsonl not in trainer.logger)
     elapsed = duration(time.time() - started)
     if plots is not None:
         head = f"finished step {trainer.total_training_steps} of {trainer.total_training_steps}, {elapsed} in"
@@ -73,12 +75,12 @@ def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None) -
             if trainer.resume_mode == "auto" else "trainer.resume_mode=auto resumes from it"
     lines = {"checkpoint": f"{last}: {went_on}" if last is not None else
              f"none written yet ({saved_when(trainer.save_freq)}: trainer.save_freq): the same command starts over"}
-    if steps:
-        lines["metrics"] = f"{metrics_file}, steps {steps[0]}-{steps[-1]}"
+    if fresh:
+        lines["metrics"] = f"{metrics_file}, steps {steps[0]}-{steps[-1]}" if steps else f"{metrics_file}"
     where = destinations(cfg)
     if plots:
         lines["plots"] = " ".join(str(p) for p in plots)
-    elif steps:
+    elif fresh and steps:
         lines["plots"] = f"python -m ragen.plot {run_dir}"
     if trainer.rollout_data_dir and Path(trainer.rollout_data_dir).is_dir():
         lines["records"] = where["records"]

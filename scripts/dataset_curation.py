@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.env != "sokoban":
         parser.error(f"--env {args.env}: this script made Sokoban data only; for other environments run "
                      "python -m ragen.create_data --tags <tag> (tags: custom_envs in config/base.yaml)")
-    print(f"dataset_curation.py: --prefix {args.prefix} and --algo {args.algo} are not used: rows are start states; "
-          "prompts come from the model's chat template at run time; expert play for SFT is bash "
-          "sft/generate_data.sh sokoban", file=sys.stderr)
+    print(f"dataset_curation.py: --prefix {args.prefix}, --algo {args.algo} and --bfs_max_nodes "
+          f"{args.bfs_max_nodes} are not used: rows are start states; prompts come from the model's chat template "
+          "at run time; expert play for SFT is bash sft/generate_data.sh sokoban", file=sys.stderr)
     overrides = from_env_vars({var: os.environ[var] for var in ROOM_VARS if var in os.environ}, recipe="base")
     create_data.main(["--tags", TAG, "--seed", str(args.seed), "--train-size", str(args.train_size),
                       "--test-size", str(args.test_size), "--output", args.output, "--override", *overrides])

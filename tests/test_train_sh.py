@@ -1,5 +1,6 @@
 """`train.sh` offers the RL recipes only: not base.yaml (what they build on) nor sft.yaml (the SFT trainer's)."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -23,3 +24,11 @@ def test_sft_is_refused_with_the_sft_command():
     done = train_sh("sft")
     assert done.returncode == 2 and done.stdout == ""
     assert "sft/finetune_lora.sh" in done.stderr and "not an RL recipe" in done.stderr
+
+
+def test_a_common_exported_name_alone_does_not_start_the_old_form():
+    """RAGEN's first train.sh read DIM_X ... from the environment; EXPERIMENT_NAME or N_GPUS alone, as many
+    shells export, must still print the usage, not start a Sokoban run."""
+    done = subprocess.run(["bash", str(REPO / "train.sh")], capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ["PATH"], "EXPERIMENT_NAME": "x", "N_GPUS": "1"})
+    assert done.returncode == 2 and done.stderr.startswith("usage: bash train.sh <recipe>")

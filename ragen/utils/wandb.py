@@ -70,13 +70,17 @@ def find_run(run_id: str, roots: Sequence[str | Path]) -> Path:
         "under logging.log_image_dir")
 
 
-def download_wandb(run_id: str, out_dir: str | Path = "./log", roots: Sequence[str | Path] = (".", "checkpoints")):
+def download_wandb(run_id: str, out_dir: str | Path = "./log", roots: Sequence[str | Path] = ("checkpoints",)):
     """Write `<out_dir>/<run_id>/`: metrics.jsonl, the run's files under files/, and plots/. Returns that folder."""
     from ragen.plot import plot_run
     from verl.utils.tracking import write_jsonl
 
     run_dir, out = find_run(run_id, roots), Path(out_dir) / run_id
-    (run_file,) = run_dir.glob("run-*.wandb")
+    run_files = sorted(run_dir.glob("run-*.wandb"))
+    if len(run_files) != 1:
+        raise FileNotFoundError(f"{run_dir} holds {len(run_files)} run-*.wandb files, not one: read it with "
+                                "ragen.utils.wandb.read_history(<that file>)")
+    (run_file,) = run_files
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "metrics.jsonl", read_history(run_file))
     if (run_dir / "files").is_dir():

@@ -38,3 +38,11 @@ def test_summary_of_an_interrupted_run(tmp_path):
     assert f"{tmp_path / 'global_step_1'}: the same command resumes from it" in text
     assert f"{tmp_path / 'metrics.jsonl'}, steps 0-1" in text
     assert "steps 0-1" not in summary(cfg, started=time.time() + 60)  # an earlier run's metrics are not this run's
+
+
+def test_summary_without_metrics_jsonl_takes_the_step_from_the_checkpoint(tmp_path):
+    cfg, started = config(tmp_path, "trainer.logger=[console]"), time.time()
+    staging = checkpoint.staging_dir(tmp_path, 3)
+    checkpoint.commit(staging, 3, {"step": 3, "world_size": 1}, run_config={}, keep=None)
+    text = summary(cfg, started)
+    assert text.startswith("[ragen] interrupted after step 3 of 20") and "metrics.jsonl" not in text

@@ -96,5 +96,5 @@ def test_value_model_refuses_a_checkpoint_missing_backbone_weights(tmp_path, tin
     del weights["model.layers.1.mlp.up_proj.weight"]
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     model_utils.load_value_model(tiny_model_path)
-    with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight"):
+    with pytest.raises(ModelNotFoundError, match="model.layers.1.mlp.up_proj.weight"):
         model_utils.load_value_model(str(folder))

@@ -247,7 +247,7 @@ def load_value_model(path: str, attn_implementation: str = "sdpa", load_report: 
         report_logger.removeFilter(_errors_only)
     backbone_missing = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
     if backbone_missing:
-        raise ValueError(f"the critic's backbone weights {backbone_missing[:5]} are missing from {path}: "
+        raise ModelNotFoundError(f"the critic's backbone weights {backbone_missing[:5]} are missing from {path}: "
                          "it would start from random weights there. Is it a complete causal LM folder?")
     return model
 
