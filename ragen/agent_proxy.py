@@ -18,6 +18,7 @@ import numpy as np
 from ragen.config import AgentProxyConfig
 from ragen.context_manager import ContextManager, Trajectory, reply_spans
 from ragen.env_state_manager import EnvState, EnvStateManager
+from ragen.trajectory_browser import token_pieces
 from verl.protocol import DataProto
 from verl.utils.tracking import progress
 from verl.workers.rollout import SamplingParams
@@ -35,6 +36,12 @@ class AgentProxy:
                  actor_rollout_wg, env_manager: EnvStateManager, context: ContextManager, split: str = "train"):
         self.config, self.sampling, self.format_penalty, self.seed = config, sampling, format_penalty, seed
         self.actor_rollout_wg, self.env_manager, self.context, self.split = actor_rollout_wg, env_manager, context, split
+        self.initial_seed = seed
+
+    def reseed(self, offset: int) -> None:
+        """Shift the seeds of the start states and of the sampling of every later rollout by `offset` (a
+        watchdog rollback: the steps after the checkpoint are played again on other start states)."""
+        self.seed = self.env_manager.seed = self.initial_seed + offset
 
     def rollout(self, step: int) -> Rollout:
         states = self.env_manager.reset(step)
@@ -48,10 +55,11 @@ class AgentProxy:
             sampling = replace(self.sampling, seed=self.seed + 1000 * step + turn)
             prompt_ids = [self.context.prompt_ids(trajectories[s.env_id]) for s in active]
             prompts = DataProto(non_tensor_batch={"prompt_ids": prompt_ids}, meta_info={"sampling": sampling})
-            responses = self.actor_rollout_wg.generate_sequences(prompts).non_tensor_batch["response_ids"]
-            for state, response_ids in zip(active, responses):
+            generated = self.actor_rollout_wg.generate_sequences(prompts).non_tensor_batch
+            for state, response_ids, log_probs in zip(active, generated["response_ids"],
+                                                      generated["response_log_probs"]):
                 trajectory, shown = trajectories[state.env_id], state.obs
-                reply = self.context.add_response(trajectory, list(response_ids))
+                reply = self.context.add_response(trajectory, list(response_ids), list(log_probs))
                 parsed = self.context.parse(reply)
                 record = self.env_manager.step(state.env_id, parsed.actions)
                 penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
@@ -70,6 +78,10 @@ class AgentProxy:
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),
                        "context_truncated": state.context_truncated, "final_state": state.obs,
                        "env_error": state.error}
+        if self.split == "train":  # the text of every token, for the browser's heat map of what was trained on
+            pieces = token_pieces(self.context.tokenizer, [t.input_ids for t in trajectories])
+            for record, trajectory_pieces in zip(records, pieces):
+                record["token_pieces"] = trajectory_pieces
         batch = self.context.to_batch(trajectories, [s.group_id for s in states], [s.tag for s in states])
         batch = batch.union(DataProto(non_tensor_batch={"env_failed": np.array([s.error is not None for s in states])}))
         return Rollout(batch, rollout_metrics(states, trajectories, batch, self.split), records)

@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from ragen.envs import ENV_REGISTRY, check_env_config
+from verl.trainer.watchdog import ACTIONS, CONDITIONS
 from verl.trainer.config import (ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, LoraConfig, OptimConfig,
                                  RayConfig, TrainerConfig)
 from verl.utils.tracking import Tracking
@@ -132,6 +133,7 @@ def validate(cfg: RagenConfig, world_size: int) -> None:
     _validate_batch_sizes(cfg, world_size)
     _validate_envs(cfg)
     _validate_env_failures(cfg)
+    _validate_watchdog(cfg)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -164,6 +166,10 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
            "trainer.resumable_checkpoints must be >= 1, or null for every checkpoint to keep its optimizer state")
     _check(trainer.max_consecutive_nonfinite_steps >= 0,
            "trainer.max_consecutive_nonfinite_steps must be >= 1, or 0 to never stop")
+    _check(trainer.collapse_mi_inputs == 0 or trainer.collapse_mi_inputs >= 2,
+           "trainer.collapse_mi_inputs must be >= 2 (one input has nothing to tell apart), or 0 to not measure "
+           "template collapse")
+    _check(trainer.collapse_mi_replies >= 1, "trainer.collapse_mi_replies must be >= 1 (replies per input)")
     _check(set(trainer.logger) <= set(Tracking.SUPPORTED),
            f"trainer.logger={list(trainer.logger)}: choose from {list(Tracking.SUPPORTED)}")
     _check(bool(trainer.project_name.strip()) and bool(trainer.experiment_name.strip()),
@@ -269,6 +275,10 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
         _check(0 < getattr(actor, name) < 1, f"actor_rollout_ref.actor.{name} must be in (0, 1)")
     _check(math.isfinite(actor.clip_ratio_c) and actor.clip_ratio_c > 1,
            "actor_rollout_ref.actor.clip_ratio_c (dual clip) must be finite and > 1")
+    cap = actor.tis_imp_ratio_cap
+    _check(cap is None or (math.isfinite(cap) and cap > 1),
+           f"actor_rollout_ref.actor.tis_imp_ratio_cap={cap}: the cap of an importance weight that is 1 on average "
+           "must be finite and > 1 (e.g. 2), or null to turn truncated importance sampling off")
     for key, value in (("actor_rollout_ref.actor.entropy_coeff", actor.entropy_coeff),
                        ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
                        ("algorithm.kl_ctrl.kl_coef", algo.kl_ctrl.kl_coef),
@@ -362,3 +372,20 @@ def _validate_env_failures(cfg: RagenConfig) -> None:
            "es_manager.env_step_timeout_s must be finite and > 0, or null for no limit")
     _check(0 <= es.max_env_failure_share <= 1, "es_manager.max_env_failure_share must be in [0, 1] (0: stop at the "
            "first failed env.step; 1: never stop)")
+
+
+def _validate_watchdog(cfg: RagenConfig) -> None:
+    """The rules, and what a rollback needs: checkpoints during the run that keep their optimizer state."""
+    watchdog, trainer = cfg.trainer.watchdog, cfg.trainer
+    _check(watchdog.action in ACTIONS, f"trainer.watchdog.action={watchdog.action!r}: choose from {list(ACTIONS)}")
+    _check(watchdog.max_rollbacks >= 0, "trainer.watchdog.max_rollbacks must be >= 0")
+    for name, rule in watchdog.rules.items():
+        key = f"trainer.watchdog.rules.{name}"
+        _check(rule.condition in CONDITIONS, f"{key}.condition={rule.condition!r}: choose from {list(CONDITIONS)}")
+        _check(math.isfinite(rule.threshold), f"{key}.threshold must be finite")
+        _check(rule.steps >= 1, f"{key}.steps must be >= 1 (steps in a row before the rule fires)")
+        _check(rule.action is None or rule.action in ACTIONS,
+               f"{key}.action={rule.action!r}: choose from {list(ACTIONS)}, or null for trainer.watchdog.action")
+    rolls_back = any((rule.action or watchdog.action) == "rollback" for rule in watchdog.rules.values())
+    _check(not rolls_back or trainer.save_freq >= 1,
+           "trainer.watchdog rolls back to a checkpoint saved during the run: set trainer.save_freq >= 1")

@@ -55,8 +55,9 @@ def destinations(cfg: RagenConfig) -> dict[str, str]:
     }
 
 
-def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None) -> str:
-    """What the run saved since `started` (time.time()) and how to go on; `plots` None: interrupted."""
+def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None, watchdog_stop: bool = False) -> str:
+    """What the run saved since `started` (time.time()) and how to go on; `plots` None: interrupted (by
+    Ctrl-C, or with `watchdog_stop` by the watchdog)."""
     trainer, run_dir = cfg.trainer, Path(cfg.trainer.default_local_dir)
     metrics_file = run_dir / "metrics.jsonl"
     fresh = metrics_file.is_file() and metrics_file.stat().st_mtime >= started  # not an earlier run's
@@ -68,6 +69,10 @@ def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None) -
     if plots is not None:
         head = f"finished step {trainer.total_training_steps} of {trainer.total_training_steps}, {elapsed} in"
         went_on = "the trained policy, which model_path= takes (ragen.eval, a new run)"
+    elif watchdog_stop:
+        head = f"stopped by the watchdog at step {steps[-1] if steps else '?'}, {elapsed} in"
+        went_on = "the last one saved, maybe after the trouble began: the watchdog's report names the newest " \
+                  "healthy one (trainer.resume_mode=<its path>)"
     else:
         head = (f"interrupted after step {steps[-1]} of {trainer.total_training_steps}" if steps
                 else "interrupted before the first step") + f", {elapsed} in"

@@ -29,7 +29,9 @@ from verl.single_controller import LocalWorkerGroup, RayWorkerGroup, WorkerDiedE
 from verl.single_controller.worker_group import gpu_placement_group, node_placement_group
 from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
+from verl.trainer.watchdog import WatchdogStop
 from verl.utils import checkpoint, memory
+from verl.utils.fingerprint import WeightSyncError
 from verl.utils.model import (ModelNotFoundError, eos_token_ids, load_tokenizer, max_context_length,
                               resolve_model_path)
 from verl.utils.tracking import Tracking, quiet_libraries
@@ -55,32 +57,40 @@ def run(cfg: RagenConfig) -> list[Path]:
     checkpoint.check_resume(cfg.trainer, ranks, run_config)  # a checkpoint this run cannot continue: stop now
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     cfg.critic.model.path = resolve_model_path(cfg.critic.model.path)
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-    actor = cfg.actor_rollout_ref.actor
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
-    use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    use_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     print_banner(cfg, use_critic)
     check_memory(cfg, ranks, use_critic, use_reference)
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
                        cfg.trainer.experiment_name, config=run_config)
     with worker_backend(cfg), finishing(tracker):
-        placement = rank_placement(cfg, ranks)
-        actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks,
-                                             placement)
-        if cfg.trainer.backend == "ray":
-            print(f"[ragen] Ray nodes of the actor ranks: {' '.join(actor_rollout_wg.node_ids)}", flush=True)
-        actor_rollout_wg.init_model(use_reference=use_reference)
-        critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks, placement) if use_critic else None
-        if critic_wg is not None:
-            critic_wg.init_model()
-        agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
-        val_agent = make_agent(cfg, "val", actor_rollout_wg, tokenizer)
-        mini_batch = np.lcm(actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size if use_critic else 1)
-        PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
-                   tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
-                   on_policy_batch=actor.ppo_mini_batch_size if actor.ppo_epochs == 1 else 0,
-                   on_records=trajectory_pages(cfg), run_config=run_config).fit()
+        make_trainer(cfg, ranks, tracker, run_config).fit()
     return plot_run(cfg.trainer.default_local_dir) if "jsonl" in cfg.trainer.logger else []
+
+
+def make_trainer(cfg: RagenConfig, ranks: int, tracker: Tracking, run_config: dict) -> PPOTrainer:
+    """The run's worker groups (started, models loaded), rollout agents and trainer, inside `worker_backend`:
+    what `run` trains with and `python -m ragen.replay` replays steps with."""
+    actor = cfg.actor_rollout_ref.actor
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+    use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
+    use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    placement = rank_placement(cfg, ranks)
+    actor_rollout_wg = make_worker_group(cfg, ActorRolloutRefWorker, (cfg.actor_rollout_ref, cfg.lora), ranks,
+                                         placement)
+    if cfg.trainer.backend == "ray":
+        print(f"[ragen] Ray nodes of the actor ranks: {' '.join(actor_rollout_wg.node_ids)}", flush=True)
+    actor_rollout_wg.init_model(use_reference=use_reference)
+    critic_wg = make_worker_group(cfg, CriticWorker, (cfg.critic,), ranks, placement) if use_critic else None
+    if critic_wg is not None:
+        critic_wg.init_model()
+    agent = make_agent(cfg, "train", actor_rollout_wg, tokenizer)
+    val_agent = make_agent(cfg, "val", actor_rollout_wg, tokenizer)
+    mini_batch = np.lcm(actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size if use_critic else 1)
+    return PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
+                      tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
+                      on_policy_batch=actor.ppo_mini_batch_size if actor.ppo_epochs == 1 else 0,
+                      on_records=trajectory_pages(cfg), run_config=run_config)
 
 
 def trajectory_pages(cfg: RagenConfig):
@@ -205,6 +215,12 @@ def main(cfg) -> None:
         sys.exit(f"model not found: {e}")
     except checkpoint.ResumeError as e:
         sys.exit(f"cannot resume: {e}")
+    except WeightSyncError as e:  # through Ray it also carries the worker's traceback; `cause` is the error itself
+        sys.exit(f"stopped: {getattr(e, 'cause', e)}")
+    except WatchdogStop as e:  # the run went wrong: its summary and the curves that show where
+        plots = plot_run(config.trainer.default_local_dir) if "jsonl" in config.trainer.logger else []
+        print(summary(config, started, watchdog_stop=True), flush=True)
+        sys.exit(f"stopped: {e}" + (f"; plots: {' '.join(map(str, plots))}" if plots else ""))
     except WorkerDiedError as e:
         last = checkpoint.latest_checkpoint(cfg.trainer.default_local_dir)
         sys.exit(f"stopped: {e}. " + (f"The last checkpoint is {last}: run the same command with "

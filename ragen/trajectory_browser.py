@@ -15,6 +15,12 @@ env's tiles (`GRID_TILES`). Envs without a picture (bandit, countdown) show the 
 model or env text is escaped, in elements, attributes and the JSON the index embeds. A non-finite number
 (a NaN reward) is null in that JSON, which JSON.parse would otherwise reject, and "n/a" on the pages.
 
+Masks: a training record holds the text of every token of its trajectory (`token_pieces`, which the agent
+loop decodes with `token_pieces` below) and what the update trained on (`trained_tokens`, from the trainer's
+`with_advantages`); its page ends with every token, prompt and states included, underlined where the update
+trained on it (`loss_mask`) on a background coloured by its advantage, so that a mask on the wrong tokens
+shows at a glance.
+
 Build pages for a finished run: `python -m ragen.trajectory_browser <run dir>/rollouts/train <out dir>`.
 """
 
@@ -51,6 +57,8 @@ MANIFEST = "trajectories.json"
 PAGE_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 INDEX_CSP = PAGE_CSP + "; script-src 'unsafe-inline'"
 _REPLY_TAG = re.compile(r"(</?think>|</?answer>)")
+# A trained token's background (ColorBrewer RdBu's ends): blue for a positive advantage, red for a negative one
+ADVANTAGE_RGB = {True: (33, 102, 172), False: (178, 24, 43)}  # keyed by advantage >= 0
 
 esc = html.escape  # quote=True: safe inside attribute values too
 
@@ -120,6 +128,65 @@ def state_html(text: str, tiles: dict[str, np.ndarray] | None, caption: str) -> 
     return f'<figure class="state">{image}<pre>{esc(text)}</pre><figcaption>{esc(caption)}</figcaption></figure>'
 
 
+def token_pieces(tokenizer, sequences: list[list[int]]) -> list[list[str]]:
+    """The text of every token of each sequence: what the page's heat map of the trained tokens shows. Each
+    distinct id is decoded once. A byte-level tokenizer splits some characters over several tokens ("√" is
+    two), each of which decodes alone to U+FFFD: a run of such tokens shows the run's text on its last token
+    and "" on the others, so that a sequence's pieces join to its decoded text."""
+    distinct = sorted({i for ids in sequences for i in ids})
+    text_of = dict(zip(distinct, tokenizer.batch_decode([[i] for i in distinct], clean_up_tokenization_spaces=False)))
+    result = []
+    for ids in sequences:
+        pieces = [text_of[i] for i in ids]
+        start = 0
+        while start < len(pieces):  # each maximal run pieces[start:end] holding U+FFFD
+            end = start
+            while end < len(pieces) and "\ufffd" in pieces[end]:
+                end += 1
+            if end - start > 1:
+                joined = tokenizer.decode(ids[start:end], clean_up_tokenization_spaces=False)
+                pieces[start:end] = [""] * (end - start - 1) + [joined]
+            start = end + 1  # pieces[end] is whole
+        result.append(pieces)
+    return result
+
+
+def advantage_colour(advantage: float, scale: float) -> str:
+    """A trained token's background: the advantage's sign picks the hue, its size against `scale` (the
+    page's largest) the opacity, at most 0.8 so that the text stays readable."""
+    red, green, blue = ADVANTAGE_RGB[advantage >= 0]
+    return f"rgba({red}, {green}, {blue}, {0.8 * min(abs(advantage) / scale, 1.0):.2f})"
+
+
+def tokens_html(pieces: list[str], trained: dict | None) -> str:
+    """Every token of the trajectory, one span each: underlined with its advantage as background where the
+    update trained on it, plain where not. `trained` is `with_advantages`' `trained_tokens`: the spans
+    [start, end) of the trained tokens and their advantages; None when the filter dropped the trajectory."""
+    advantage_of: dict[int, float] = {}  # token position -> its advantage
+    if trained is not None:
+        positions = [t for start, end in trained["spans"] for t in range(start, end)]
+        advantage_of = dict(zip(positions, trained["advantages"], strict=True))
+    scale = max((abs(a) for a in advantage_of.values()), default=0.0) or 1.0
+    off = "not trained on" if trained is not None else "not trained on (filtered)"
+    spans = []
+    for t, piece in enumerate(pieces):
+        if t in advantage_of:
+            value = advantage_of[t]
+            spans.append(f'<span class="on" style="background: {advantage_colour(value, scale)}" '
+                         f'title="token {t}: trained on, advantage {_signed(value, ".3f")}">{esc(piece)}</span>')
+        else:
+            spans.append(f'<span class="off" title="token {t}: {off}">{esc(piece)}</span>')
+    if trained is None:
+        heading, legend = "Tokens: not trained on (filtered)", ""
+    else:
+        heading = f"Tokens: {len(advantage_of)} of {len(pieces)} trained on"
+        swatches = "".join(f'<span class="on" style="background: {advantage_colour(a, scale)}">'
+                           f'{_signed(a, ".3f")}</span>' for a in (-scale, -scale / 2, 0.0, scale / 2, scale))
+        legend = (f'<p class="legend">underlined: trained on (loss_mask), its advantage as background '
+                  f'{swatches}; plain: not trained on. Hover a token for its value.</p>')
+    return f'<section class="turn tokens"><h2>{heading}</h2>{legend}<pre>{"".join(spans)}</pre></section>'
+
+
 def turn_html(number: int, turn: dict, tiles: dict[str, np.ndarray] | None) -> str:
     chips = []
     for action, valid, effective in zip(turn["actions"], turn["action_valid"], turn["action_effective"]):
@@ -155,13 +222,16 @@ def trajectory_page(record: dict, step: int, tiles: dict[str, np.ndarray] | None
              ("turns", len(record["turns"])), ("context truncated", "yes" if record["context_truncated"] else "no")]
     turns = "".join(turn_html(i + 1, turn, tiles) for i, turn in enumerate(record["turns"]))
     final = state_html(record["final_state"], tiles, "final state")
+    # training records only: validation is not trained on, and records of older runs lack the tokens
+    tokens = tokens_html(record["token_pieces"], record["trained_tokens"]) \
+        if "token_pieces" in record and "trained_tokens" in record else ""
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{PAGE_CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>{esc(title)}</title><style>{CSS}</style></head><body>'
             f'<nav>{" · ".join(nav)}</nav><header><h1>{esc(title)}</h1><dl class="facts">'
             + "".join(_fact(name, value) for name, value in facts)
-            + f'</dl></header>{turns}<section class="turn"><h2>End</h2>{final}</section></body></html>')
+            + f'</dl></header>{turns}<section class="turn"><h2>End</h2>{final}</section>{tokens}</body></html>')
 
 
 def _fact(name: str, value) -> str:
@@ -370,6 +440,8 @@ ul.actions { list-style: none; display: flex; flex-wrap: wrap; gap: 6px; padding
 .chip { border: 1px solid currentColor; border-radius: 12px; padding: 1px 10px; font-weight: 600; }
 .chip small { font-weight: 400; } .chip.ok { color: var(--ok); } .chip.noop { color: var(--noop); }
 .chip.bad { color: var(--bad); } p.none { color: var(--muted); margin: 8px 0 0; }
+.tokens span.on { border-bottom: 2px solid var(--fg); } .tokens .legend span { padding: 0 6px; margin: 0 2px; }
+.tokens pre { padding: 8px; border: 1px solid var(--line); border-radius: 6px; }
 form#filters { display: flex; flex-wrap: wrap; gap: 8px 18px; align-items: center; padding: 10px 12px;
   background: var(--card); border: 1px solid var(--line); border-radius: 8px; position: sticky; top: 0; }
 form#filters input[type=number] { width: 5em; } form#filters .wide input { width: 18em; }

@@ -43,7 +43,7 @@ def main() -> None:
     for _ in range(args.repeats):
         prompts = torch.randint(100, len(tokenizer), (args.batch, args.prompt_len), generator=generator).tolist()
         start = time.perf_counter()
-        responses = engine.generate(prompts, sampling)
+        responses = engine.generate(prompts, sampling).token_ids
         seconds = time.perf_counter() - start
         tokens = sum(len(r) for r in responses)
         print(f"generate: batch {args.batch} x {args.new_tokens} new tokens (prompt {args.prompt_len}): "

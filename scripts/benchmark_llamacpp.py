@@ -128,7 +128,7 @@ def run_torch(model_path: str, prompts: np.ndarray, new: int) -> tuple[float, fl
     engine.generate(rows, SamplingParams(max_new_tokens=1, **greedy))
     prefill = time.perf_counter() - start
     start = time.perf_counter()
-    tokens = engine.generate(rows, SamplingParams(max_new_tokens=new, **greedy))
+    tokens = engine.generate(rows, SamplingParams(max_new_tokens=new, **greedy)).token_ids
     return prefill, time.perf_counter() - start - prefill, np.array(tokens)
 
 

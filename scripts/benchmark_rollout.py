@@ -39,7 +39,7 @@ from ragen.train import make_agent
 from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.workers.actor import ActorRolloutRefWorker
-from verl.workers.rollout import SamplingParams
+from verl.workers.rollout import Generation, SamplingParams
 
 from flops import matmul_peak, weight_flops_per_token
 
@@ -83,18 +83,18 @@ class TimedEngine:
         model = getattr(engine, "model", None)
         self.timer = ForwardTimer(model) if isinstance(model, torch.nn.Module) else None
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[list[int]]:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Generation:
         first_forward = len(self.timer.seconds) if self.timer else 0
         start = time.perf_counter()
-        responses = self.engine.generate(prompt_ids, sampling)
+        generation = self.engine.generate(prompt_ids, sampling)
         seconds = time.perf_counter() - start
         self.turns.append(TurnStats(
             batch=len(prompt_ids), prompt_tokens=[len(p) for p in prompt_ids],
             reused_tokens=getattr(self.engine, "last_reused_tokens", None),
-            generated_tokens=sum(len(r) for r in responses), seconds=seconds,
+            generated_tokens=sum(len(r) for r in generation.token_ids), seconds=seconds,
             prefill_seconds=self.timer.seconds[first_forward] if self.timer else None,
             decode_seconds=sum(self.timer.seconds[first_forward + 1:]) if self.timer else None))
-        return responses
+        return generation
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.engine.sync_weights(state_dict)

@@ -49,7 +49,7 @@ def main() -> None:
         prompts = torch.randint(100, vocab, (batch, args.prompt_len)).tolist()
         sampling = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, seed=0)
         start = time.perf_counter()
-        responses = worker.rollout.generate(prompts, sampling)
+        responses = worker.rollout.generate(prompts, sampling).token_ids
         seconds = time.perf_counter() - start
         tokens = sum(len(r) for r in responses)
         print(f"generate: batch {batch:3d} x {args.new_tokens} new tokens (prompt {args.prompt_len}): "

@@ -101,7 +101,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert sorted({r["tag"] for r in val_records}) == ["Bandit", "BanditTest"]
     assert all("advantage" in turn for r in train_records for turn in r["turns"])
     assert {p.name for p in (tmp_path / "plots").glob("*.png")} == {"success.png", "reward.png", "entropy.png",
-                                                                   "reward_std.png"}
+                                                                   "reward_std.png", "collapse.png"}
     pages = tmp_path / "log" / "bandit"  # the trajectory browser: the first and last steps and both validations
     assert sorted(p.parent.name for p in pages.rglob("trajectory_data_*.html")) == \
         ["step_1"] * 4 + ["step_2"] * 4 + ["val_step_0"] * 4 + ["val_step_2"] * 4

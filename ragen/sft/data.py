@@ -58,7 +58,8 @@ class ExpertPolicy:
         replies = [self.reply(state) for state in active]
         # the prompt already ends with the forced opening tag; the reply continues after it, like a sampled one
         ids = [self.tokenizer.encode(reply, add_special_tokens=False) for reply in replies]
-        return DataProto(non_tensor_batch={"response_ids": ids})
+        # written, not sampled: no rollout log-probs (the SFT data keeps only the text)
+        return DataProto(non_tensor_batch={"response_ids": ids, "response_log_probs": [[0.0] * len(r) for r in ids]})
 
     def reply(self, state: EnvState) -> str:
         """The oracle's next actions (as many as one turn may hold), or a random one where it has no plan."""

@@ -261,7 +261,8 @@ class SFTTrainer(Worker):
         counts = torch.zeros(3, dtype=torch.float64)
         for start in range(0, len(mine), cfg.batch_size):
             chunk = mine[start:start + cfg.batch_size]
-            responses = self.generator.generate([self.test.input_ids[i][:s] for i, s, _ in chunk], sampling)
+            prompts = [self.test.input_ids[i][:s] for i, s, _ in chunk]
+            responses = self.generator.generate(prompts, sampling).token_ids
             for (i, _, k), response in zip(chunk, responses):
                 parsed = parse(reply_text(self.tokenizer, response, reply_open))
                 expert = parse(self.test.expert_replies[i][k])

@@ -22,7 +22,8 @@ class ScriptedPolicy:
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         self.calls.append(len(prompts))
-        return DataProto(non_tensor_batch={"response_ids": [list(self.ids) for _ in range(len(prompts))]})
+        return DataProto(non_tensor_batch={"response_ids": [list(self.ids) for _ in range(len(prompts))],
+                                           "response_log_probs": [[-1.0] * len(self.ids) for _ in range(len(prompts))]})
 
 
 def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, split="train", response_length=400):

@@ -54,7 +54,7 @@ def converse(tokenizer, config, replies, window=-1):
     for turn, (reply, with_eos) in enumerate(replies):
         prompts.append(list(context.prompt_ids(trajectory)))
         ids = tokenizer.encode(reply, add_special_tokens=False) + ([tokenizer.eos_token_id] if with_eos else [])
-        texts.append(context.add_response(trajectory, ids))
+        texts.append(context.add_response(trajectory, ids, [-1.0] * len(ids)))
         reply_ids.append(ids)
         trajectory.turn_rewards.append(0.0)
         trajectory.turn_states.append(f"state {turn + 1}")
@@ -146,7 +146,8 @@ def test_an_env_that_lists_its_moves_gets_them_in_every_state_message(tokenizer)
     context = ContextManager(tokenizer, config, {"A": "Rules.", "B": "Rules."}, {"A": "Left", "B": "x"},
                              [tokenizer.eos_token_id], action_choices={"A": "Left or Right"})
     trajectory = context.start("A", "grid", actions_left=3)
-    context.add_response(trajectory, context._encode("Left</answer>"))
+    reply = context._encode("Left</answer>")
+    context.add_response(trajectory, reply, [-1.0] * len(reply))
     assert context.add_observation(trajectory, "grid 2", reward=0.0, actions_left=2, response_length=8)
     text = tokenizer.decode(trajectory.input_ids)
     assert text.count("You have 3 actions left. Choose from Left or Right. Reply as <answer>...</answer>.") == 1

@@ -22,11 +22,11 @@ def test_two_turn_trajectory_is_token_exact(tokenizer, context, first_ends_with_
     trajectory = context.start("Toy", "grid one", actions_left=10)
     prompt1 = list(trajectory.input_ids)
     reply1 = encode(tokenizer, " Go left.</think><answer>Left || Up</answer>") + ([eos] if first_ends_with_eos else [])
-    text1 = context.add_response(trajectory, reply1)
+    text1 = context.add_response(trajectory, reply1, [-1.0] * len(reply1))
     assert context.add_observation(trajectory, "grid two", reward=-0.1, actions_left=8, response_length=16)
     prompt2 = list(trajectory.input_ids)
     reply2 = encode(tokenizer, "Down now.</think><answer>Down</answer>")  # stopped at </answer>: no EOS
-    text2 = context.add_response(trajectory, reply2)
+    text2 = context.add_response(trajectory, reply2, [-1.0] * len(reply2))
 
     # What the model saw at turn 2 begins with exactly what it saw and wrote at turn 1.
     assert prompt2[: len(prompt1) + len(reply1)] == prompt1 + reply1
@@ -45,9 +45,35 @@ def test_two_turn_trajectory_is_token_exact(tokenizer, context, first_ends_with_
     assert tokenizer.decode(trajectory.input_ids) == expected
 
 
+def test_rollout_log_probs_stay_on_their_tokens_through_to_batch(tokenizer, context):
+    """Column t of `rollout_log_probs` is the engine's log-prob of input_ids[t], as in the actor's old_log_probs:
+    each reply's log-probs land on exactly its ids, every prompt and padding column is 0."""
+    trajectory = context.start("Toy", "grid one", actions_left=10)
+    reply1 = encode(tokenizer, "a</think><answer>Left</answer>")
+    log_probs1 = [-0.1 * (k + 1) for k in range(len(reply1))]
+    context.add_response(trajectory, reply1, log_probs1)
+    assert context.add_observation(trajectory, "grid two", reward=0.0, actions_left=9, response_length=16)
+    reply2 = encode(tokenizer, "b</think><answer>Up</answer>")
+    log_probs2 = [-1.0 - 0.1 * k for k in range(len(reply2))]
+    context.add_response(trajectory, reply2, log_probs2)
+    trajectory.turn_rewards, trajectory.turn_states = [0.0, 1.0], ["grid one", "grid two"]
+    short = Trajectory(input_ids=[5, 6], loss_mask=[0, 1], rollout_log_probs=[0, -3.0], turn_ids=[0, 0],
+                       turn_ends=[1], turn_rewards=[0.0], turn_states=["s"])
+    batch = context.to_batch([trajectory, short], group_ids=[0, 1], tags=["Toy", "Toy"]).batch
+
+    rollout, mask, ids = batch["rollout_log_probs"][0], batch["loss_mask"][0].bool(), batch["input_ids"][0]
+    start1, start2 = trajectory.turn_ends[0] + 1 - len(reply1), trajectory.turn_ends[1] + 1 - len(reply2)
+    assert ids[start1:start1 + len(reply1)].tolist() == reply1 and ids[start2:start2 + len(reply2)].tolist() == reply2
+    assert rollout[start1:start1 + len(reply1)].tolist() == pytest.approx(log_probs1)
+    assert rollout[start2:start2 + len(reply2)].tolist() == pytest.approx(log_probs2)
+    assert torch.equal(rollout[~mask], torch.zeros(int((~mask).sum())))
+    assert batch["rollout_log_probs"][1].tolist() == [0, -3.0] + [0] * (len(trajectory.input_ids) - 2)
+
+
 def test_replies_parse_into_actions(context):
     trajectory = context.start("Toy", "grid", actions_left=3)
-    reply = context.add_response(trajectory, context._encode("hmm</think><answer>Left || Up || Down</answer>"))
+    ids = context._encode("hmm</think><answer>Left || Up || Down</answer>")
+    reply = context.add_response(trajectory, ids, [-1.0] * len(ids))
     assert reply.startswith("<think>")
     parsed = context.parse(reply)
     assert parsed.format_ok and parsed.actions == ["Left", "Up"]  # max_actions_per_turn=2
@@ -71,20 +97,23 @@ def test_format_example_shows_as_many_actions_as_a_turn_takes(tokenizer, max_act
 def test_reply_text_is_cut_at_the_stop_string(context):
     # A stop string can end inside a token ("></"), so the decoded reply may run a few chars past it.
     trajectory = context.start("Toy", "grid", actions_left=3)
-    reply = context.add_response(trajectory, context._encode("ok</think><answer>Up</answer><"))
+    ids = context._encode("ok</think><answer>Up</answer><")
+    reply = context.add_response(trajectory, ids, [-1.0] * len(ids))
     assert reply.endswith("</answer>") and context.parse(reply).actions == ["Up"]
 
 
 def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
-    a = Trajectory(input_ids=[5, 6, 7, 8], loss_mask=[0, 1, 0, 1], turn_ids=[0, 0, 1, 1], turn_ends=[1, 3],
-                   turn_rewards=[-0.1, 1.0], turn_states=["s1", "s2"])
-    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], turn_ids=[0, 0], turn_ends=[1], turn_rewards=[0.5],
-                   turn_states=["s1"])
+    a = Trajectory(input_ids=[5, 6, 7, 8], loss_mask=[0, 1, 0, 1], rollout_log_probs=[0, -0.5, 0, -1.5],
+                   turn_ids=[0, 0, 1, 1], turn_ends=[1, 3], turn_rewards=[-0.1, 1.0], turn_states=["s1", "s2"])
+    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], rollout_log_probs=[0, -2.0], turn_ids=[0, 0], turn_ends=[1],
+                   turn_rewards=[0.5], turn_states=["s1"])
     context = ContextManager(tokenizer, AgentProxyConfig(), {"T": ""}, {"T": "x"}, [tokenizer.eos_token_id])
     batch = context.to_batch([a, b], group_ids=[0, 0], tags=["T", "T"])
     assert batch.batch["input_ids"].shape == (2, 4)
     assert torch.allclose(batch.batch["token_rewards"], torch.tensor([[0, 0, 0, 0.9], [0, 0.5, 0, 0]]))
     assert batch.batch["loss_mask"].tolist() == [[0, 1, 0, 1], [0, 1, 0, 0]]
+    assert batch.batch["rollout_log_probs"].tolist() == [[0, -0.5, 0, -1.5], [0, -2.0, 0, 0]]
+    assert batch.batch["rollout_log_probs"].dtype == torch.float32
     assert batch.batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert batch.batch["turn_ids"][1].tolist() == [0, 0, -1, -1]
     assert batch.batch["state_ids"].tolist() == [[0, 0, 1, 1], [0, 0, -1, -1]]  # "s1" is one state in both
@@ -92,8 +121,8 @@ def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
 
 
 def one_turn(reward: float, state: str = "s") -> Trajectory:
-    return Trajectory(input_ids=[5, 6], loss_mask=[0, 1], turn_ids=[0, 0], turn_ends=[1], turn_rewards=[reward],
-                      turn_states=[state])
+    return Trajectory(input_ids=[5, 6], loss_mask=[0, 1], rollout_log_probs=[0, -1.0], turn_ids=[0, 0],
+                      turn_ends=[1], turn_rewards=[reward], turn_states=[state])
 
 
 @pytest.mark.parametrize("grouping, method, expected", [

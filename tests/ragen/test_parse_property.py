@@ -35,7 +35,7 @@ def test_any_generated_token_ids_give_a_reply_that_parses(tokenizer, ids):
     """Whatever ids the engine returns (special tokens included) become reply text and a parse, never an error."""
     context = ContextManager(tokenizer, AgentProxyConfig(), {"T": "Rules."}, {"T": "Left"}, [tokenizer.eos_token_id])
     trajectory = context.start("T", "grid", actions_left=3)
-    reply = context.add_response(trajectory, ids)
+    reply = context.add_response(trajectory, ids, [-1.0] * len(ids))
     parsed = context.parse(reply)
     assert parsed.format_ok == bool(parsed.actions)
     assert trajectory.input_ids[len(trajectory.input_ids) - len(ids):] == ids

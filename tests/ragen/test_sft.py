@@ -36,8 +36,8 @@ def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int
     turns = json.loads(row["turns"])
     for k, turn in enumerate(turns):
         assert turn["state"] == obs
-        context.add_response(trajectory, tokenizer.encode(turn["response"].removeprefix(context.reply_open),
-                                                          add_special_tokens=False))
+        reply = tokenizer.encode(turn["response"].removeprefix(context.reply_open), add_special_tokens=False)
+        context.add_response(trajectory, reply, [0.0] * len(reply))
         for action in turn["actions"]:
             obs, _, terminated, truncated, _ = env.step(action)
             actions_left -= 1

@@ -2,9 +2,11 @@
 strict JSON (null for NaN) and UTF-8 whatever the locale."""
 
 import base64
+import html
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from ragen.config import CustomEnvConfig
 from ragen.envs import make_env
 from ragen.envs.utils import TILE
 from ragen.trajectory_browser import main, pick_trajectories, reply_html, write_index, write_step
+from verl.protocol import DataProto
 from verl.utils.tracking import write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,6 +221,73 @@ def test_turn_facts_show_validity_reward_and_advantage(tmp_path):
     assert "advantage+0.250" in text and "advantagefiltered out" in text
     assert "Jump invalid" in text and "malformed (format penalty)" in text
     assert f"reward{record['turns'][0]['reward']:+.3g}" in text
+
+
+
+# one span per token: its class, style, title and (escaped) text
+TOKEN_SPAN = re.compile(r'<span class="(on|off)"(?: style="([^"]*)")? title="([^"]*)">([^<]*)</span>')
+
+
+def token_spans(page: Path) -> list[tuple[str, str, str, str]]:
+    section = page.read_text(encoding="utf-8").split('<section class="turn tokens">')[1]
+    return [(kind, style, title, html.unescape(text)) for kind, style, title, text in TOKEN_SPAN.findall(section)]
+
+
+def test_the_tokens_trained_on_are_marked_with_their_advantage(tmp_path):
+    record = play("Bandit", ["phoenix"])
+    record["token_pieces"] = ["<|im_start|>", "a<b", " & c", "Up", "</answer>", "\n"]
+    record["trained_tokens"] = {"spans": [[2, 4], [5, 6]], "advantages": [0.5, -0.25, 0.0]}
+    (page,) = write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)
+    assert token_spans(page) == [
+        ("off", "", "token 0: not trained on", "<|im_start|>"),
+        ("off", "", "token 1: not trained on", "a<b"),
+        ("on", "background: rgba(33, 102, 172, 0.80)", "token 2: trained on, advantage +0.500", " & c"),  # blue
+        ("on", "background: rgba(178, 24, 43, 0.40)", "token 3: trained on, advantage -0.250", "Up"),  # red, half
+        ("off", "", "token 4: not trained on", "</answer>"),
+        ("on", "background: rgba(33, 102, 172, 0.00)", "token 5: trained on, advantage +0.000", "\n")]
+    text = page.read_text(encoding="utf-8")
+    assert "a&lt;b" in text and " &amp; c" in text and "<|im_start|>" not in text  # token text is escaped
+    assert "Tokens: 3 of 6 trained on" in text
+    assert ">-0.500</span>" in text and ">+0.500</span>" in text  # the legend's scale: the largest advantage
+
+
+def test_a_filtered_trajectory_shows_no_token_trained_on_and_validation_no_tokens(tmp_path):
+    filtered = play("Bandit", ["phoenix"]) | {"token_pieces": ["a", "b"], "trained_tokens": None}
+    validation = play("Bandit", ["phoenix"], env_id=1, group_id=1) | {"split": "val"}
+    (page,) = write_step([filtered], tmp_path, 1, -1, CUSTOM_ENVS)
+    assert token_spans(page) == [("off", "", "token 0: not trained on (filtered)", "a"),
+                                 ("off", "", "token 1: not trained on (filtered)", "b")]
+    assert "Tokens: not trained on (filtered)" in page.read_text(encoding="utf-8")
+    (page,) = write_step([validation], tmp_path, 1, -1, CUSTOM_ENVS, "val")
+    assert 'class="turn tokens"' not in page.read_text(encoding="utf-8")
+
+
+def test_the_agent_loops_tokens_and_the_trainers_mask_line_up(tokenizer, tmp_path):
+    """Real records: the pieces join to the trajectory's text (the Sokoban legend's "√" is split over two
+    tokens), and the trainer's spans of loss_mask cover exactly each turn's reply, as generated."""
+    from tests.ragen.test_agent_proxy import make_proxy
+    from verl.trainer.ppo_trainer import with_advantages
+
+    proxy, policy = make_proxy(tokenizer, "SimpleSokoban", CUSTOM_ENVS["SimpleSokoban"],
+                               "try</think><answer>Up</answer>", max_turn=2)
+    rollout = proxy.rollout(step=3)
+    batch, reply = rollout.batch, tokenizer.decode(policy.ids)  # the reply's ids, end of sequence included
+    lengths = batch.batch["attention_mask"].sum(-1).tolist()
+    for record, ids, n in zip(rollout.records, batch.batch["input_ids"].tolist(), lengths):
+        assert "".join(record["token_pieces"]) == tokenizer.decode(ids[:n], clean_up_tokenization_spaces=False)
+        assert "\N{SQUARE ROOT}" in "".join(record["token_pieces"])
+        assert not any("\ufffd" in piece for piece in record["token_pieces"])
+    kept = batch.union(DataProto(batch={"advantages": batch.batch["loss_mask"] * 0.5},
+                                 non_tensor_batch={"record_index": np.arange(len(batch))}))[[0, 1]]  # two kept
+    records = with_advantages(rollout.records, kept)
+    for record in records[:2]:
+        spans = record["trained_tokens"]["spans"]
+        assert [end - start for start, end in spans] == [len(policy.ids)] * len(record["turns"])
+        assert all("".join(record["token_pieces"][start:end]) == reply for start, end in spans)
+    assert records[2]["trained_tokens"] is None
+    pages = write_step(records, tmp_path, 3, -1, CUSTOM_ENVS)
+    assert [sum(kind == "on" for kind, *_ in token_spans(page)) for page in pages] == \
+        [int(batch.batch["loss_mask"][i].sum()) for i in (0, 1)] + [0, 0]
 
 
 def test_model_and_env_text_is_escaped_everywhere(tmp_path):

@@ -29,6 +29,8 @@ def served(tmp_path):
                play("Bandit", ["phoenix"], env_id=3, group_id=1, seed=1),
                play("FrozenLake", ["Right", "Down", "Down"], env_id=4, group_id=2, seed=0)]
     records[1]["turns"][0]["format_ok"] = False
+    records[4] |= {"token_pieces": ["<b>", "Right", " & "],
+                   "trained_tokens": {"spans": [[1, 3]], "advantages": [1, -0.5]}}
     later = play("Bandit", ["dragon"], env_id=0, group_id=0, seed=5, step=2)
     write_step(records, experiment, 1, -1, CUSTOM_ENVS)
     write_step([later], experiment, 2, -1, CUSTOM_ENVS)
@@ -88,6 +90,10 @@ def test_index_filters_and_a_trajectory_page_render_in_chromium(served, tmp_path
         assert page.url == url + "step_1/trajectory_data_4.html"
         widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
         assert len(widths) == len(records[4]["turns"]) + 1 and all(w == 64 for w in widths)  # 4 cells of 16 px
+        tokens = page.eval_on_selector_all("section.tokens pre span", "spans => spans.map(s => "
+                                           "[s.textContent, getComputedStyle(s).backgroundColor])")
+        assert tokens == [["<b>", "rgba(0, 0, 0, 0)"], ["Right", "rgba(33, 102, 172, 0.8)"],  # inline styles apply
+                          [" & ", "rgba(178, 24, 43, 0.4)"]]
         page.screenshot(path=tmp_path / "trajectory.png", full_page=True)
         page.click("text=all trajectories")
         assert page.url == url + "index.html"

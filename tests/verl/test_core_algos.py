@@ -20,7 +20,8 @@ from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, 
                                      AdaptiveKLController, agg_loss, apply_kl_penalty, balanced_order,
                                      compute_policy_loss,
                                      compute_value_loss, entropy_from_logits, explained_variance, masked_mean,
-                                     normalize_scores, select_groups, span_mask, turn_end_mask)
+                                     normalize_scores, rollout_mismatch, select_groups, span_mask,
+                                     truncated_is_weights, turn_end_mask)
 
 EPS = 1e-6  # the guard core_algos adds to a group's std
 WHITEN_EPS = 1e-8  # the guard masked_whiten adds to the variance
@@ -568,6 +569,41 @@ def test_dual_clip_bounds_the_loss_of_a_bad_token_with_a_huge_ratio():
     assert metrics["pg_clipfrac"].item() == pytest.approx(1 / 3)  # only the A > 0 token hit the ordinary clip
     loss.sum().backward()
     assert log_probs.grad[0, 0] == 0 and log_probs.grad[0, 1] != 0
+
+
+# ---- rollout engine vs trainer ----------------------------------------------------------------------
+def test_rollout_mismatch_hand_computed():
+    # old - rollout on the masked tokens: 0.5, -1.0, 0 (and 3.0 on a token outside the mask)
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -4.0, 0.0]])
+    rollout = torch.tensor([[-1.5, -1.0, -0.5], [-1.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    metrics = rollout_mismatch(old_log_probs=old, rollout_log_probs=rollout, loss_mask=mask)
+    assert metrics["rollout_logprob_diff_mean"].item() == pytest.approx((0.5 + 1.0 + 0.0) / 3)
+    assert metrics["rollout_logprob_diff_max"].item() == pytest.approx(1.0)  # not the masked 3.0
+    # k3 = exp(d) - 1 - d per token
+    k3 = [math.exp(0.5) - 1.5, math.exp(-1.0) - 1 + 1.0, 0.0]
+    assert metrics["rollout_kl"].item() == pytest.approx(sum(k3) / 3)
+
+
+def test_rollout_kl_estimates_the_kl_from_the_rollouts_samples():
+    """Tokens drawn from the rollout's distribution q: the mean k3 over them approaches KL(q || p)."""
+    gen = torch.Generator().manual_seed(0)
+    q_logits, p_logits = torch.randn(8, generator=gen), torch.randn(8, generator=gen)
+    q, p = q_logits.log_softmax(-1), p_logits.log_softmax(-1)
+    tokens = torch.multinomial(q.exp(), 200_000, replacement=True, generator=gen)[None]  # (1, N)
+    metrics = rollout_mismatch(old_log_probs=p[tokens], rollout_log_probs=q[tokens],
+                               loss_mask=torch.ones(tokens.shape))
+    exact = (q.exp() * (q - p)).sum().item()
+    assert metrics["rollout_kl"].item() == pytest.approx(exact, rel=0.03)
+
+
+def test_truncated_is_weights_hand_computed():
+    # exp(old - rollout) capped at 2: exp(0.5) = 1.6487, exp(-1) = 0.3679, exp(3) -> 2, exp(0) = 1
+    old = torch.tensor([[-1.0, -2.0, -1.0, 0.0]], requires_grad=True)
+    rollout = torch.tensor([[-1.5, -1.0, -4.0, 0.0]])
+    weights = truncated_is_weights(old_log_probs=old, rollout_log_probs=rollout, cap=2.0)
+    assert_close(weights, [[math.exp(0.5), math.exp(-1.0), 2.0, 1.0]])
+    assert not weights.requires_grad
 
 
 # ---- value loss, explained variance ----------------------------------------------------------------

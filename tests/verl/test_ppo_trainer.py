@@ -9,7 +9,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.config import AlgorithmConfig, KLControlConfig, RolloutConfig, TrainerConfig
-from verl.trainer.ppo_trainer import PPOTrainer, groups_per_multiple
+from verl.trainer.ppo_trainer import PPOTrainer, groups_per_multiple, with_advantages
 from verl.utils.tracking import Tracking
 
 
@@ -37,6 +37,9 @@ class Rollout:
 class ScriptedAgent:
     def __init__(self, batch: DataProto):
         self.batch = batch
+
+    def reseed(self, offset):
+        pass
 
     def rollout(self, step):
         records = [{"tag": "Bandit", "seed": i, "turns": [{"reward": r.item()}]}
@@ -261,6 +264,27 @@ def test_records_get_each_turns_advantage(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
     # group 0 (1, 0) is kept: +-0.707; group 1 (1, 1) has no spread and is filtered out
     assert [r["turns"][0]["advantage"] for r in records] == pytest.approx([0.7071, -0.7071, None, None], abs=1e-4)
+    assert [r["trained_tokens"] for r in records] == [{"spans": [[1, 3]], "advantages": [0.707, 0.707]},
+                                                      {"spans": [[1, 3]], "advantages": [-0.707, -0.707]}, None, None]
+
+
+def test_records_get_the_tokens_trained_on_with_their_advantages():
+    """Per trajectory: the [start, end) runs of loss_mask (state tokens between replies, the prompt and the
+    padding left out) and one rounded advantage per trained token; None for a trajectory the filter dropped."""
+    loss_mask = torch.tensor([[0., 1, 1, 0, 0, 1, 0, 0],  # prompt, reply, state, reply, padding
+                              [0., 0, 1, 1, 1, 1, 1, 1]])  # a reply that runs to the last position
+    advantages = torch.tensor([[9., 0.12345, -2.5, 9, 9, 1e-5, 9, 9],
+                               [9., 9, -0.5, -0.5, 0.25, 0.25, 0.25, 0.0004]])
+    kept = DataProto(batch={"advantages": advantages * loss_mask, "loss_mask": loss_mask,
+                            "turn_ids": torch.tensor([[0, 0, 0, 1, 1, 1, -1, -1], [0, 0, 0, 0, 0, 0, 0, 0]])},
+                     non_tensor_batch={"record_index": np.array([2, 0])})  # rows in another order than the records
+    records = [{"turns": [{}]}, {"turns": [{}]}, {"turns": [{}, {}]}]
+    records = with_advantages(records, kept)
+    assert records[2]["trained_tokens"] == {"spans": [[1, 3], [5, 6]], "advantages": [0.123, -2.5, 0.0]}
+    assert records[0]["trained_tokens"] == {"spans": [[2, 8]], "advantages": [-0.5, -0.5, 0.25, 0.25, 0.25, 0.0]}
+    assert records[1]["trained_tokens"] is None  # dropped by the filter
+    assert [t["advantage"] for t in records[2]["turns"]] == pytest.approx([(0.12345 - 2.5) / 2, 1e-5])
+    assert all(r["trained_tokens"] is None for r in with_advantages(records, kept[np.zeros(2, bool)]))  # none kept
 
 
 # ---- non-finite numbers and the metrics log --------------------------------------------------------------

@@ -59,10 +59,11 @@ def test_plots_are_drawn_from_the_jsonl_alone(tmp_path):
     for step, metrics in enumerate(METRICS, start=1):
         tracker.log(metrics, step)
     paths = plot_run(tmp_path)
-    assert sorted(p.name for p in paths) == ["entropy.png", "reward.png", "reward_std.png", "success.png"]
+    assert sorted(p.name for p in paths) == ["collapse.png", "entropy.png", "reward.png", "reward_std.png",
+                                             "success.png"]
     for path in paths:
         with Image.open(path) as image:
-            assert image.format == "PNG" and image.size == (700, 400)
+            assert image.format == "PNG" and image.size == ((1400, 800) if path.name == "collapse.png" else (700, 400))
 
 
 def test_plotting_a_folder_without_metrics_says_so(tmp_path):
@@ -118,7 +119,7 @@ def test_plots_skip_a_line_torn_mid_character_and_draw_nulls_as_gaps(tmp_path):
     (tmp_path / "metrics.jsonl").write_bytes("".join(json.dumps(r) + "\n" for r in rows).encode() + torn)
     assert read_metrics(tmp_path) == rows
     assert series(rows, "actor/entropy")[0] == [1, 2, 3] and math.isnan(series(rows, "actor/entropy")[1][1])
-    assert len(plot_run(tmp_path)) == 4
+    assert len(plot_run(tmp_path)) == 5
 
 
 # ASCII source (a C locale cannot decode a non-ASCII command line): "naïve 🙂 ответ", "Café"

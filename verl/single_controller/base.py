@@ -4,7 +4,7 @@ A worker is one rank. Its public methods carry a dispatch mode (`@register`), wh
 group how to spread one call over the ranks and how to gather the answers:
 - ONE_TO_ALL: every rank gets the same arguments (init, broadcast); rank 0's answer is returned.
 - DATA_PARALLEL: the first argument, a DataProto, is cut into one chunk per rank; DataProto answers
-  are concatenated in rank order, metric dicts are averaged over ranks.
+  are concatenated in rank order, metric dicts are averaged over ranks (metrics named `*_max`: their maximum).
 """
 
 import os
@@ -87,5 +87,5 @@ def collect(dispatch: str, results: list[Any]) -> Any:
     if isinstance(results[0], DataProto):
         return DataProto.concat(results)
     if isinstance(results[0], dict):
-        return {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+        return {k: float((np.max if k.endswith("_max") else np.mean)([r[k] for r in results])) for k in results[0]}
     return results

@@ -53,6 +53,9 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"  # kl/k1 | abs | mse/k2 | low_var_kl/k3 (core_algos.KL_PENALTIES)
     grad_clip: float = 1.0  # max global gradient norm
+    # truncated importance sampling: weight each token's PPO loss by min(p_trainer / p_rollout, cap), correcting
+    # for the rollout engine's copy of the policy (bf16) differing from the trainer's; None: off
+    tis_imp_ratio_cap: float | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
@@ -76,6 +79,9 @@ class RolloutConfig:
     response_length: int = 400  # max new tokens per turn
     max_model_len: int | None = None  # longest trajectory in tokens; None: the model's max_position_embeddings
     dtype: str = "bfloat16"  # rollout weights: bfloat16 | float32 | float16 (never on CPU: no fast kernels)
+    # after every weight sync, compare fingerprints of the trainer's and the engine's live weights; a mismatch
+    # stops the run (verl/utils/fingerprint.py)
+    check_weight_sync: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # trajectories per forward when scoring log-probs
     # StarPO-S variance filter: train only on the start states whose trajectories disagree most
     rollout_filter_ratio: float = 0.25  # top_k: fraction of groups kept; top_p: share of the summed std kept; 1 = off
@@ -132,6 +138,44 @@ class AlgorithmConfig:
 
 
 @dataclass
+class WatchdogRule:
+    """One rule of the training-health watchdog (verl/trainer/watchdog.py)."""
+
+    metric: str  # a key of metrics.jsonl, e.g. actor/entropy
+    condition: str = "below"  # below | above (the threshold) | nonfinite (NaN or inf)
+    threshold: float = 0.0
+    steps: int = 1  # fire after this many steps in a row (steps without the metric do not count)
+    action: str | None = None  # warn | stop | rollback | off; null: trainer.watchdog.action
+
+
+def default_watchdog_rules() -> dict[str, WatchdogRule]:
+    """Signals of a run going wrong, with thresholds far from what a healthy CPU recipe shows on the bundled
+    model (bandit learning: entropy 0.9 -> 0.6, repetition 0.36 -> 0.59, in-group std 0.04-0.3, collapse/mi
+    0.3-0.4 nats; sokoban's first step: collapse/mi 0.2; rollout_kl 0.0015 with the bf16 engine)."""
+    return {
+        "reward_std_zero": WatchdogRule(metric="rollout/in_group_std", condition="below", threshold=1e-6, steps=5),
+        "entropy_floor": WatchdogRule(metric="actor/entropy", condition="below", threshold=0.05, steps=3),
+        "repetition_ceiling": WatchdogRule(metric="rollout/response_repetition", condition="above", threshold=0.95,
+                                           steps=3),
+        "template_collapse": WatchdogRule(metric="collapse/mi", condition="below", threshold=0.02, steps=3),
+        "logprob_mismatch": WatchdogRule(metric="actor/rollout_kl", condition="above", threshold=0.05, steps=2),
+        "nonfinite_updates": WatchdogRule(metric="actor/nonfinite_skipped_steps", condition="above", threshold=0.0,
+                                          steps=2),
+        "nonfinite_loss": WatchdogRule(metric="actor/pg_loss", condition="nonfinite", steps=1),
+    }
+
+
+@dataclass
+class WatchdogConfig:
+    """Rules over each step's metrics that warn, stop the run with a report, or roll it back to the newest
+    checkpoint saved while no rule was tripping and go on with other seeds (README, 'Training health')."""
+
+    action: str = "warn"  # off | warn | stop | rollback: what a firing rule does unless it names its own action
+    rules: dict[str, WatchdogRule] = field(default_factory=default_watchdog_rules)
+    max_rollbacks: int = 3  # then the next rollback stops the run instead
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = "ragen"
     experiment_name: str = "test"
@@ -161,6 +205,15 @@ class TrainerConfig:
     max_consecutive_nonfinite_steps: int = 3
     # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved
     rollout_data_dir: str | None = "${trainer.default_local_dir}/rollouts"
+    # also each training step's update batch (the kept trajectories) as train/step_N.batch.safetensors there,
+    # ~0.1-0.3 MB a step on the CPU recipes: `python -m ragen.replay` feeds it through that step's update again
+    save_batches: bool = True
+    # template collapse (RAGEN-2): mutual information between first prompts and first replies, cross-scored by
+    # the policy on this many distinct first prompts per step (collapse/* metrics, verl/trainer/collapse.py); 0: off
+    collapse_mi_inputs: int = 4
+    collapse_mi_replies: int = 2  # replies per first prompt; each is scored under every input
+    # training-health rules: warn (default), stop or roll back when a run goes wrong (verl/trainer/watchdog.py)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 @dataclass

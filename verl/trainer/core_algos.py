@@ -312,6 +312,30 @@ def compute_policy_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     return loss, metrics
 
 
+# ---- rollout engine vs trainer ------------------------------------------------------------------
+# The engine samples with its own copy of the weights (bf16, other kernels), so even right after a weight
+# sync its log-probs of the sampled tokens differ from the trainer's: the samples are slightly off-policy.
+def rollout_mismatch(*, old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                     loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the trainer's log-probs (B, T) are from the rollout engine's (B, T) on the `loss_mask` tokens:
+    mean and max of |old - rollout|, and rollout_kl, the k3 estimate of KL(rollout || trainer) from the
+    rollout's own samples: with r = p_trainer / p_rollout, E_rollout[r - 1 - log r] = KL(rollout || trainer)."""
+    log_ratio = torch.where(loss_mask.bool(), old_log_probs - rollout_log_probs, 0.0).clamp(-20, 20)
+    return {"rollout_logprob_diff_mean": masked_mean(log_ratio.abs(), loss_mask),
+            "rollout_logprob_diff_max": log_ratio.abs().max(),
+            "rollout_kl": masked_mean(torch.exp(log_ratio) - 1 - log_ratio, loss_mask)}
+
+
+def truncated_is_weights(*, old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                         cap: float) -> torch.Tensor:
+    """Truncated importance weights (B, T), min(p_trainer / p_rollout, cap) per token, detached: the PPO loss
+    is an expectation under the trainer's policy but the tokens were drawn by the engine's, so each token's
+    loss is reweighted by their ratio; the cap bounds the variance a near-zero rollout probability would bring
+    (truncated IS, as in Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+    training"). Exactly 1 wherever both log-probs are equal, e.g. 0 off the loss mask."""
+    return torch.exp((old_log_probs - rollout_log_probs).clamp(max=math.log(cap))).detach()
+
+
 def compute_value_loss(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                        cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped value loss 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old)."""

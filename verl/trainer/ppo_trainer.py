@@ -15,11 +15,13 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.trainer.collapse import collapse_metrics, cross_scoring_pairs, repeat_to_multiple, score_matrix
 from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
 from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, apply_kl_penalty, balanced_order,
                                      explained_variance, group_index, group_mean_std, masked_mean, select_groups,
                                      turn_end_mask)
-from verl.utils import checkpoint
+from verl.trainer.watchdog import ROLLBACK_SEED_STRIDE, Event, Watchdog, WatchdogStop
+from verl.utils import batch_file, checkpoint
 from verl.utils.tracking import Tracking, duration, progress, write_jsonl
 
 
@@ -28,6 +30,10 @@ class RolloutProducer(Protocol):
         """Play a batch of trajectories with the current policy; return an object with `.batch` (DataProto;
         per trajectory its `group_ids` and `env_failed` flag among the non-tensors), `.metrics` (dict[str,
         float]) and `.records` (list of JSON-able dicts, one per trajectory)."""
+
+    def reseed(self, offset: int) -> None:
+        """Shift every later rollout's seeds (start states and sampling) by `offset`: a watchdog rollback
+        replays the steps after its checkpoint on other start states."""
 
 
 class PPOTrainer:
@@ -50,41 +56,69 @@ class PPOTrainer:
         self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
         self.on_records, self.on_policy_batch = on_records, on_policy_batch
+        self.watchdog = Watchdog(config.watchdog, config.default_local_dir)
+        self.rollbacks = 0  # watchdog rollbacks so far: each one shifts the training seeds (`reseed`)
         ctrl = algorithm.kl_ctrl
         self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
     def fit(self) -> None:
         done = self.resume()
-        if done == 0 and self.val_agent is not None and self.config.val_before_train:
-            self.tracker.log(self.validate(step=0), step=0)
+        if done == 0:
+            self.watchdog.start()
+            if self.val_agent is not None and self.config.val_before_train:
+                self.tracker.log(self.validate(step=0), step=0)
         last = self.config.total_training_steps
         if done >= last:
             print(f"the checkpoint is at step {done} >= trainer.total_training_steps={last}: nothing to train "
                   "(trainer.resume_mode=disable starts over)", flush=True)
         nonfinite_steps = 0  # training steps in a row whose update skipped an optimizer step
         started = time.perf_counter()
-        for step in progress(range(done + 1, last + 1), desc="training steps", initial=done, total=last):
-            metrics: dict[str, float] = {}
-            with timed("step", metrics):
-                with timed("gen", metrics):
-                    rollout = self.agent.rollout(step)
-                check_finite_rewards(rollout.batch, rollout.records)
-                records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
-                batch, filter_metrics = self.filter(rollout.batch.union(records))
-                if len(batch) > 0:  # none is left when every group had a failed environment: no update
-                    batch = self.train_on(batch, step, metrics)
-                self.save_records(with_advantages(rollout.records, batch), "train", step)
-                if self.val_agent is not None and self.config.test_freq > 0 and (
-                        step % self.config.test_freq == 0 or step == last):
-                    metrics |= self.validate(step)
-            metrics |= throughput(rollout.batch, batch, metrics)
-            self.tracker.log(rollout.metrics | filter_metrics | metrics, step)
+        bar = progress(None, desc="training steps", initial=done, total=last)
+        step = done
+        while step < last:
+            step += 1
+            metrics = self.train_step(step)
+            events = self.watchdog.observe(step, metrics)
+            self.tracker.log(metrics | self.watchdog.metrics(events), step)
+            self.watchdog.announce(events)
             nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
                                                     self.config.max_consecutive_nonfinite_steps)
+            action = self.watchdog.decision(events)
+            if action == "stop":
+                self.stop(events, f"A rule whose action is stop fired at step {step}.")
+            if action == "rollback":
+                step = self.rollback(events)
+                bar.reset(total=last)
+                bar.update(step)
+                continue
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
                 self.save(step)
             if step == done + 1 and step < last:
                 print(time_left(time.perf_counter() - started, last - step), flush=True)
+            bar.update()
+        bar.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One training step: rollout, collapse diagnostics, filter, `train_on` (score, advantage, update),
+        records, and validation when due. Returns every metric of the step."""
+        last = self.config.total_training_steps
+        metrics: dict[str, float] = {}
+        with timed("step", metrics):
+            with timed("gen", metrics):
+                rollout = self.agent.rollout(step)
+            check_finite_rewards(rollout.batch, rollout.records)
+            with timed("collapse", metrics): metrics |= self.measure_collapse(rollout.batch)
+            records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
+            batch, filter_metrics = self.filter(rollout.batch.union(records))
+            self.save_batch(batch, step)
+            if len(batch) > 0:  # none is left when every group had a failed environment: no update
+                batch = self.train_on(batch, step, metrics)
+            self.save_records(with_advantages(rollout.records, batch), "train", step)
+            if self.val_agent is not None and self.config.test_freq > 0 and (
+                    step % self.config.test_freq == 0 or step == last):
+                metrics |= self.validate(step)
+        metrics |= throughput(rollout.batch, batch, metrics)
+        return rollout.metrics | filter_metrics | metrics
 
     def filter(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most.
@@ -181,6 +215,22 @@ class PPOTrainer:
             return bool((batch.batch["advantages"][batch.batch["adv_mask"].bool()] == 0).all())
         return equal_rewards_within_groups(batch)
 
+    def measure_collapse(self, batch: DataProto) -> dict[str, float]:
+        """Template collapse: how much the policy's first replies depend on their first prompts (collapse/mi, at
+        most collapse/mi_ceiling = log M; collapse/retrieval_acc against collapse/retrieval_chance). The policy
+        cross-scores `trainer.collapse_mi_replies` replies of each of `trainer.collapse_mi_inputs` distinct
+        inputs under every one of them (verl/trainer/collapse.py); no metric when off or with < 2 inputs."""
+        if self.config.collapse_mi_inputs == 0:
+            return {}
+        picked = cross_scoring_pairs(batch, self.config.collapse_mi_inputs, self.config.collapse_mi_replies)
+        if picked is None:
+            return {}
+        pairs, own_input = picked
+        scored = self.actor_rollout_wg.compute_log_prob(repeat_to_multiple(pairs, self.actor_rollout_wg.world_size))
+        log_probs = scored.batch["old_log_probs"][:len(pairs)]  # (M * N, T); the repeated rows dropped
+        scores = score_matrix(log_probs, pairs.batch["loss_mask"], num_replies=len(own_input))
+        return collapse_metrics(scores, own_input)
+
     def validate(self, step: int) -> dict[str, float]:
         """Play the validation set (the same start states every time) with the validation sampling."""
         metrics: dict[str, float] = {}
@@ -195,6 +245,14 @@ class PPOTrainer:
         if self.on_records is not None:
             self.on_records(records, split, step)
 
+    def save_batch(self, batch: DataProto, step: int) -> None:
+        """The batch `train_on` gets at this step (empty when the filter kept nothing), for `python -m ragen.replay`
+        to feed through the same update (`trainer.save_batches`). The thread counts go with it: they set the
+        order of float sums, so a replay with other counts may differ in the last bits."""
+        if self.config.save_batches and self.config.rollout_data_dir is not None:
+            batch_file.write_batch(batch_file.batch_path(self.config.rollout_data_dir, step), batch, step=step,
+                                   torch_threads=torch.get_num_threads(), cpus=len(os.sched_getaffinity(0)))
+
     def save(self, step: int) -> Path:
         """Checkpoint every worker group, the trainer's own state and the run's config; atomic (see
         verl/utils/checkpoint.py). The number of ranks is recorded: each rank resumes its own optimizer shard."""
@@ -203,7 +261,9 @@ class PPOTrainer:
         if self.critic_wg is not None:
             self.critic_wg.save_checkpoint(str(staging / "critic"))
         state = {"step": step, "world_size": self.actor_rollout_wg.world_size, "kl_coef": self.kl_ctrl.value,
-                 "kl_ctrl": {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef}}
+                 "kl_ctrl": {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef},
+                 "healthy": self.watchdog.healthy(), "rollbacks": self.rollbacks,
+                 "watchdog_streaks": self.watchdog.streaks}
         path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep,
                                  resumable=self.config.resumable_checkpoints)
         print(f"saved checkpoint {path}", flush=True)
@@ -216,6 +276,13 @@ class PPOTrainer:
         path = checkpoint.resume_path(self.config)
         if path is None:
             return 0
+        step = self.load(path)
+        print(f"resumed from {path} (step {step})", flush=True)
+        return step
+
+    def load(self, path: Path) -> int:
+        """Restore a checkpoint: weights, optimizer and RNG states, the KL controller, the watchdog's rollback
+        count (which sets the training seeds) and rule streaks; metrics logged after its step are dropped."""
         state = checkpoint.read_trainer_state(path)
         checkpoint.set_driver_rng_state(state["rng"])
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
@@ -224,9 +291,47 @@ class PPOTrainer:
         configured = {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef}
         if state["kl_ctrl"] == configured:  # a new controller type or initial coefficient restarts it
             self.kl_ctrl.value = state["kl_coef"]
+        rollbacks = state.get("rollbacks", 0)  # absent in checkpoints written before the watchdog
+        if rollbacks:
+            self.set_rollbacks(rollbacks)
+        self.watchdog.restore(state.get("watchdog_streaks", {}))
         self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
-        print(f"resumed from {path} (step {state['step']})", flush=True)
         return state["step"]
+
+    def rollback(self, events: list[Event]) -> int:
+        """Go back to the newest checkpoint saved while no rule was tripping (and that kept its optimizer
+        state), shift the training seeds so that the steps after it see other start states and samples, and
+        return its step. Stops the run instead when there is none or `max_rollbacks` are used up."""
+        step = events[0].step
+        target = checkpoint.newest_healthy_checkpoint(self.config.default_local_dir, before_step=step)
+        if target is None:
+            self.stop(events, "A rule asked to roll back, but no checkpoint saved before it was healthy and kept its "
+                              "optimizer state (save more often: trainer.save_freq, trainer.resumable_checkpoints).")
+        if self.rollbacks >= self.config.watchdog.max_rollbacks:
+            self.stop(events, f"A rule asked to roll back after {self.rollbacks} rollbacks "
+                              f"(trainer.watchdog.max_rollbacks={self.config.watchdog.max_rollbacks}).")
+        rollbacks = self.rollbacks + 1  # counted over the whole run: the checkpoint's count is older
+        self.tracker.truncate(after_step=checkpoint.read_trainer_state(target)["step"],
+                              set_aside_as=f"try {self.rollbacks}, undone at step {step}")
+        rolled_back = self.load(target)
+        self.set_rollbacks(rollbacks)
+        print(f"[watchdog] rolled back from step {step} to {target} (step {rolled_back}); rollback "
+              f"{self.rollbacks} of at most {self.config.watchdog.max_rollbacks}, training seeds shifted by "
+              f"{self.rollbacks * ROLLBACK_SEED_STRIDE}", flush=True)
+        return rolled_back
+
+    def set_rollbacks(self, count: int) -> None:
+        """The training seeds and the watchdog's attempt number follow the rollbacks so far."""
+        self.rollbacks = count
+        self.agent.reseed(count * ROLLBACK_SEED_STRIDE)
+        self.watchdog.reset(attempt=count)
+
+    def stop(self, events: list[Event], reason: str) -> None:
+        """End the run with the watchdog's report."""
+        healthy = checkpoint.newest_healthy_checkpoint(self.config.default_local_dir, before_step=events[0].step)
+        report = self.watchdog.write_report(events, reason, healthy)
+        raise WatchdogStop(f"the watchdog stopped the run at step {events[0].step} "
+                           f"({', '.join(e.rule for e in events)}); report: {report}")
 
 
 def time_left(first_step_s: float, steps_left: int) -> str:
@@ -237,17 +342,26 @@ def time_left(first_step_s: float, steps_left: int) -> str:
 
 
 def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
-    """Each turn's record gets the mean advantage of its generated tokens (None: dropped by the filter)."""
+    """Each turn's record gets the mean advantage of its generated tokens, and each trajectory's record the
+    tokens the update trained on, for the trajectory browser's heat map: `trained_tokens` = {"spans": the
+    [start, end) runs of `loss_mask` over the trajectory's tokens, "advantages": one per trained token, in
+    order, to 3 decimals} (compact: about 7 bytes a generated token). None: dropped by the filter."""
     for record in records:
+        record["trained_tokens"] = None
         for turn in record["turns"]:
             turn["advantage"] = None
     if len(batch) == 0:  # nothing was trained on this step
         return records
     advantages, mask, turn_ids = batch.batch["advantages"], batch.batch["loss_mask"].bool(), batch.batch["turn_ids"]
+    no_token = torch.zeros(1, dtype=torch.int)
     for row, index in enumerate(batch.non_tensor_batch["record_index"]):
         for k, turn in enumerate(records[index]["turns"]):
             tokens = mask[row] & (turn_ids[row] == k)
             turn["advantage"] = advantages[row][tokens].mean().item() if tokens.any() else None
+        # +1 where a run of trained tokens starts, -1 one past its end
+        edges = torch.diff(mask[row].int(), prepend=no_token, append=no_token).nonzero().flatten().tolist()
+        records[index]["trained_tokens"] = {"spans": [edges[i:i + 2] for i in range(0, len(edges), 2)],
+                                            "advantages": [round(a, 3) for a in advantages[row][mask[row]].tolist()]}
     return records
 
 

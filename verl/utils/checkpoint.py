@@ -159,6 +159,17 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return step_dir(root, max(steps)) if steps else None
 
 
+def newest_healthy_checkpoint(root: str | Path, before_step: int) -> Path | None:
+    """The complete checkpoint of the highest step below `before_step` that was saved while no watchdog rule
+    was tripping (`healthy` in its trainer state) and still has its optimizer state: where a rollback goes."""
+    for step in sorted(_complete_steps(Path(root)), reverse=True):
+        path = step_dir(root, step)
+        healthy = read_trainer_state(path).get("healthy", True)  # absent in checkpoints from before the watchdog
+        if step < before_step and healthy and not (path / WEIGHTS_ONLY).exists():
+            return path
+    return None
+
+
 def resume_path(config: TrainerConfig) -> Path | None:
     """The checkpoint `trainer.resume_mode` names: auto, the latest one in `default_local_dir` (None when
     there is none); disable, None; otherwise the given folder."""

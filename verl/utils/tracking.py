@@ -24,6 +24,9 @@ CONSOLE_KEYS = ["rollout/reward_mean", "rollout/success_rate", "rollout/response
                 "val/action_accuracy", "timing_s/gen", "timing_s/update_actor", "timing_s/val", "timing_s/step"]
 
 
+ROLLED_BACK_FILE = "metrics.rolled_back.jsonl"  # the steps a watchdog rollback undid
+
+
 class Tracking:
     SUPPORTED = ("console", "jsonl", "wandb", "tensorboard")
 
@@ -67,11 +70,18 @@ class Tracking:
         if self.tensorboard is not None:
             self.tensorboard.close()
 
-    def truncate(self, after_step: int) -> None:
+    def truncate(self, after_step: int, set_aside_as: str | None = None) -> None:
         """Continue a resumed run's log: keep the rows of steps up to `after_step` (later ones are logged
-        again), drop a line torn by the crash, and append from here on."""
+        again), drop a line torn by the crash, and append from here on. `set_aside_as`: a watchdog rollback,
+        whose undone steps are not dropped but appended to `metrics.rolled_back.jsonl`, each row with
+        `"rolled_back": set_aside_as`."""
         if "jsonl" in self.loggers and self.jsonl_path.is_file():
-            write_jsonl(self.jsonl_path, [row for row in read_jsonl(self.jsonl_path) if row["step"] <= after_step])
+            rows = read_jsonl(self.jsonl_path)
+            if set_aside_as is not None:
+                with self.jsonl_path.with_name(ROLLED_BACK_FILE).open("a", encoding="utf-8") as f:
+                    f.writelines(to_json(row | {"rolled_back": set_aside_as}) + "\n"
+                                 for row in rows if row["step"] > after_step)
+            write_jsonl(self.jsonl_path, [row for row in rows if row["step"] <= after_step])
         self.jsonl_mode = "a"
 
 

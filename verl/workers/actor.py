@@ -22,13 +22,15 @@ import torch
 from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig, LoraConfig, ModelConfig
-from verl.trainer.core_algos import KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits, masked_mean
+from verl.trainer.core_algos import (KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits,
+                                     masked_mean, rollout_mismatch, truncated_is_weights)
 from verl.utils import memory
 from verl.utils.checkpoint import load_train_state, save_train_state
+from verl.utils.fingerprint import check_weight_sync, weight_fingerprints
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import (attention_implementation, enable_activation_checkpointing, last_hidden_states,
-                              load_causal_lm, load_tokenizer, read_weights, untied)
+from verl.utils.model import (DTYPES, attention_implementation, enable_activation_checkpointing,
+                              last_hidden_states, load_causal_lm, load_tokenizer, read_weights, untied)
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
@@ -53,16 +55,18 @@ class ActorRolloutRefWorker(Worker):
         self.use_reference = use_reference
         engine_cls = ROLLOUT_ENGINES[cfg.rollout.name]
         self.rollout = engine_cls(cfg.model.path, self.tokenizer, cfg.rollout.dtype, self.device)
-        self.rollout.sync_weights(self.rollout_weights())
+        self._sync_rollout()
 
     @register(DATA_PARALLEL)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """prompt_ids (lists of ids) + meta_info['sampling'] -> response_ids (lists of ids)."""
+        """prompt_ids (lists of ids) + meta_info['sampling'] -> response_ids (lists of ids) and
+        response_log_probs (lists of floats, the engine's log-prob of each response id: `Generation`)."""
         sampling: SamplingParams = prompts.meta_info["sampling"]
         if sampling.seed is not None:  # ranks must not draw the same samples for the same prompt
             sampling = replace(sampling, seed=sampling.seed + 7919 * self.rank)
-        responses = self.rollout.generate(list(prompts.non_tensor_batch["prompt_ids"]), sampling)
-        return DataProto(non_tensor_batch={"response_ids": responses})
+        generation = self.rollout.generate(list(prompts.non_tensor_batch["prompt_ids"]), sampling)
+        return DataProto(non_tensor_batch={"response_ids": generation.token_ids,
+                                           "response_log_probs": generation.log_probs})
 
     @register(DATA_PARALLEL)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -88,7 +92,7 @@ class ActorRolloutRefWorker(Worker):
                              micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, epochs=cfg.ppo_epochs,
                              grad_clip=cfg.grad_clip, mask_key="loss_mask", loss_agg_mode=cfg.loss_agg_mode,
                              device=self.device, prefix="actor")
-        self.rollout.sync_weights(self.rollout_weights())
+        self._sync_rollout()
         metrics["perf/peak_memory_gib"] = memory.peak_memory_gib(self.device)  # rollout's and update's
         return metrics
 
@@ -117,15 +121,26 @@ class ActorRolloutRefWorker(Worker):
         else:
             load_full_state_dict(self.model, read_weights(self.model, path))
         load_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
-        self.rollout.sync_weights(self.rollout_weights())
+        self._sync_rollout()
 
     def rollout_weights(self) -> dict[str, torch.Tensor]:
         """What the rollout engine samples with: the policy's whole weights, LoRA adapters merged in."""
         weights = full_state_dict(self.model)
         return merge_lora(weights, self.lora.alpha / self.lora.rank) if self.lora.rank > 0 else weights
 
+    def _sync_rollout(self) -> None:
+        """Load the policy into the rollout engine, then check that the engine's live model holds it: a sync
+        that silently missed a tensor would sample from another policy (verl/utils/fingerprint.py)."""
+        weights = self.rollout_weights()
+        self.rollout.sync_weights(weights)
+        if self.config.rollout.check_weight_sync:
+            expected = weight_fingerprints(weights, DTYPES[self.config.rollout.dtype])
+            check_weight_sync(expected, self.rollout.weight_fingerprint(), engine=self.config.rollout.name)
+
     def _policy_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss."""
+        """Summed (not yet averaged) PPO loss of a micro-batch: policy gradient - entropy bonus + KL loss.
+        Logs how far the old log-probs are from the rollout engine's (`rollout_mismatch`), and with
+        `tis_imp_ratio_cap` weights each token's policy-gradient loss by its truncated importance ratio."""
         cfg, mask = self.config.actor, batch["loss_mask"]
         aggregate = LOSS_AGG_MODES[cfg.loss_agg_mode]
         log_probs, entropy = token_log_probs(self.model, batch, with_entropy=True,
@@ -136,6 +151,14 @@ class ActorRolloutRefWorker(Worker):
             log_probs=log_probs, old_log_probs=old_log_probs, advantages=batch["advantages"],
             loss_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c)
+        if "rollout_log_probs" in batch:  # every rollout's batch has them (hand-built test batches may not)
+            pg_metrics |= rollout_mismatch(old_log_probs=old_log_probs, rollout_log_probs=batch["rollout_log_probs"],
+                                           loss_mask=mask)
+        if cfg.tis_imp_ratio_cap is not None:  # the engine drew the tokens: reweight them to the trainer's policy
+            weights = truncated_is_weights(old_log_probs=old_log_probs, rollout_log_probs=batch["rollout_log_probs"],
+                                           cap=cfg.tis_imp_ratio_cap)
+            pg_losses = pg_losses * weights
+            pg_metrics["tis_weight_mean"] = masked_mean(weights, mask)
         (pg_loss, units), (entropy_sum, _) = aggregate(pg_losses, mask), aggregate(entropy, mask)
         loss = pg_loss - cfg.entropy_coeff * entropy_sum
         metrics = {"pg_loss": (pg_loss / units).item(), "entropy": masked_mean(entropy, mask).item(),

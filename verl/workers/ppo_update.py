@@ -38,10 +38,10 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
                epochs: int, grad_clip: float, mask_key: str, loss_agg_mode: str, device: torch.device,
                prefix: str) -> dict[str, float]:
     """`mini_batch_size` is per rank; `lr_scheduler` steps once, after the update, if any optimizer step was
-    taken. Returns the micro-batches' metrics averaged over them, and per mini-batch (averaged over
-    mini-batches) the gradient norm and `loss`: the loss the gradient is of, the same for any micro-batch size
-    or number of ranks (a micro-batch's own metrics depend on which rows it holds); and the number of
-    optimizer steps skipped on a non-finite gradient norm."""
+    taken. Returns the micro-batches' metrics averaged over them (those named `*_max`: their maximum), and per
+    mini-batch (averaged over mini-batches) the gradient norm and `loss`: the loss the gradient is of, the same
+    for any micro-batch size or number of ranks (a micro-batch's own metrics depend on which rows it holds);
+    and the number of optimizer steps skipped on a non-finite gradient norm."""
     model.train()
     history: dict[str, list[float]] = {}
     steps = skipped = 0
@@ -68,7 +68,7 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
     history[f"{prefix}/nonfinite_skipped_steps"] = [skipped]
     if skipped < steps:
         lr_scheduler.step()
-    return {k: sum(v) / len(v) for k, v in history.items()}
+    return {k: max(v) if k.endswith("_max") else sum(v) / len(v) for k, v in history.items()}
 
 
 def micro_batches(data: DataProto, size: int) -> list[DataProto]:

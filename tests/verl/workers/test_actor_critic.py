@@ -9,10 +9,13 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, LlamaForTokenClassification
 
+from ragen.config import AgentProxyConfig
+from ragen.context_manager import ContextManager, Trajectory
 from verl.protocol import DataProto
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
 from verl.trainer.config import (ActorConfig, ActorRolloutRefConfig, CriticConfig, ModelConfig, OptimConfig,
                                  RolloutConfig)
+from verl.trainer.core_algos import truncated_is_weights
 from verl.utils.fsdp import full_state_dict
 from verl.utils.model import load_value_model
 from verl.workers.actor import ActorRolloutRefWorker
@@ -362,3 +365,72 @@ def test_critic_ranks_hold_the_same_value_model(ray_cluster, tiny_model_path, to
         values = two.compute_values(doubled).batch["values"]
         torch.testing.assert_close(values[4:], values[:4], rtol=0, atol=1e-6)
         two.update_critic(doubled.union(DataProto(batch={"values": values})))
+
+
+# ---- rollout engine vs trainer -------------------------------------------------------------------------
+def sampled_batch(actor: LocalWorkerGroup, tokenizer, temperature: float) -> DataProto:
+    """Two turns sampled by the actor's own engine for three prompts (an observation between the turns), built
+    into a batch by the context manager, with random advantages on the generated tokens."""
+    context = ContextManager(tokenizer, AgentProxyConfig(), {"T": ""}, {"T": "x"}, [tokenizer.eos_token_id])
+    trajectories = [Trajectory(tag="T", turn_rewards=[0.0, 1.0], turn_states=["s0", "s1"]) for _ in range(3)]
+    for trajectory, text in zip(trajectories, ["hello there, how are you", "a", "The quick brown fox"]):
+        trajectory.extend(tokenizer.encode(text, add_special_tokens=False), turn=0)
+    for turn in range(2):
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=6, seed=turn)
+        prompts = DataProto(non_tensor_batch={"prompt_ids": [t.input_ids for t in trajectories]},
+                            meta_info={"sampling": sampling})
+        out = actor.generate_sequences(prompts).non_tensor_batch
+        for trajectory, ids, log_probs in zip(trajectories, out["response_ids"], out["response_log_probs"]):
+            context.add_response(trajectory, list(ids), list(log_probs))
+            if turn == 0:
+                trajectory.extend([7, 8, 9], turn=0)  # the environment's reply
+    batch = context.to_batch(trajectories, group_ids=[0, 1, 2], tags=["T"] * 3)
+    advantages = torch.randn(batch.batch["loss_mask"].shape, generator=torch.Generator().manual_seed(0))
+    return batch.union(DataProto(batch={"advantages": advantages * batch.batch["loss_mask"]}))
+
+
+def test_rollout_mismatch_is_zero_for_a_synced_fp32_engine_and_grows_when_it_drifts(tiny_model_path, tokenizer):
+    # micro-batches of one row: the logged max must be the max over all of them, not their mean
+    actor = local_actor(tiny_model_path, temperature=0.7, ppo_micro_batch_size_per_gpu=1)
+    batch = sampled_batch(actor, tokenizer, temperature=0.7)
+    mask = batch.batch["loss_mask"].bool()
+    old_log_probs = actor.compute_log_prob(batch).batch["old_log_probs"]
+    # to_batch's rollout_log_probs are aligned as old_log_probs: column t is token t given the tokens before it
+    torch.testing.assert_close(batch.batch["rollout_log_probs"][mask], old_log_probs[mask], atol=1e-5, rtol=0)
+    synced = actor.update_actor(batch)  # on-policy: measured against the current log-probs
+    assert synced["actor/rollout_logprob_diff_max"] < 1e-4 and abs(synced["actor/rollout_kl"]) < 1e-8
+    assert "actor/tis_weight_mean" not in synced  # off by default
+
+    engine = actor.worker.rollout  # synced to the updated policy; now it drifts away from it
+    torch.manual_seed(0)
+    engine.sync_weights({k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items()})
+    batch = sampled_batch(actor, tokenizer, temperature=0.7)
+    batch = batch.union(actor.compute_log_prob(batch))
+    drifted = actor.update_actor(batch)
+    diff = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[batch.batch["loss_mask"].bool()].abs()
+    assert drifted["actor/rollout_logprob_diff_mean"] > 0.01 and drifted["actor/rollout_kl"] > 1e-4
+    assert drifted["actor/rollout_logprob_diff_max"] == pytest.approx(diff.max().item(), rel=1e-5)
+    assert drifted["actor/rollout_logprob_diff_max"] > drifted["actor/rollout_logprob_diff_mean"]
+
+
+def test_truncated_importance_sampling_weights_each_tokens_loss(tiny_model_path, tokenizer):
+    """With tis_imp_ratio_cap the per-token PPO loss is multiplied by the capped ratio; a positive weight
+    scales every branch of the clipped loss, so that is the plain loss with the advantages so weighted."""
+    sampler = local_actor(tiny_model_path, temperature=0.7)
+    torch.manual_seed(0)
+    engine = sampler.worker.rollout
+    engine.sync_weights({k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items()})
+    batch = sampled_batch(sampler, tokenizer, temperature=0.7)
+    batch = batch.union(sampler.compute_log_prob(batch))
+    b = batch.batch
+    weights = truncated_is_weights(old_log_probs=b["old_log_probs"], rollout_log_probs=b["rollout_log_probs"], cap=1.5)
+    assert (weights[b["loss_mask"].bool()] == 1.5).any() and (weights[b["loss_mask"].bool()] < 1).any()
+
+    corrected, by_hand = (local_actor(tiny_model_path, temperature=0.7, grad_clip=1e9, tis_imp_ratio_cap=cap)
+                          for cap in (1.5, None))
+    metrics = corrected.update_actor(batch)
+    weighted = DataProto(batch=dict(b) | {"advantages": b["advantages"] * weights})
+    by_hand.update_actor(weighted)
+    assert metrics["actor/tis_weight_mean"] == pytest.approx(
+        (weights * b["loss_mask"]).sum().item() / b["loss_mask"].sum().item(), rel=1e-5)
+    assert_same_tensors(grads(corrected), grads(by_hand), rel=1e-5)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from verl.utils.model import load_causal_lm
 from verl.workers.rollout import HFRollout, SamplingParams, TorchRollout
 
 ENGINES = [HFRollout, TorchRollout]
@@ -30,13 +31,13 @@ def prompts(tokenizer):
 
 def test_same_seed_same_samples(engine, tokenizer):
     sampling = SamplingParams(max_new_tokens=8, seed=3)
-    first, second = engine.generate(prompts(tokenizer), sampling), engine.generate(prompts(tokenizer), sampling)
+    first, second = (engine.generate(prompts(tokenizer), sampling).token_ids for _ in range(2))
     assert first == second and all(1 <= len(r) <= 8 for r in first)
 
 
 def test_ignore_eos_generates_exactly_max_new_tokens(engine, tokenizer):
     out = engine.generate(prompts(tokenizer), SamplingParams(max_new_tokens=6, ignore_eos=True, seed=0))
-    assert [len(r) for r in out] == [6, 6]
+    assert [len(r) for r in out.token_ids] == [len(r) for r in out.log_probs] == [6, 6]
 
 
 def test_rows_are_cut_after_eos_and_after_stop_strings(tiny_model_path, tokenizer):
@@ -50,12 +51,41 @@ def test_rows_are_cut_after_eos_and_after_stop_strings(tiny_model_path, tokenize
 
 def test_sync_weights_changes_what_is_generated(engine, tokenizer):
     sampling = SamplingParams(max_new_tokens=8, ignore_eos=True, seed=0)
-    before = engine.generate(prompts(tokenizer), sampling)
+    before = engine.generate(prompts(tokenizer), sampling).token_ids
     state = {k: torch.randn_like(v, dtype=torch.float32) for k, v in engine.model.state_dict().items()}
     engine.sync_weights(state)
     assert torch.equal(engine.model.model.layers[0].mlp.up_proj.weight,
                        state["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16))
-    assert engine.generate(prompts(tokenizer), sampling) != before
+    assert engine.generate(prompts(tokenizer), sampling).token_ids != before
+
+
+def teacher_forced_log_probs(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) of each response token, the whole sequence fed at once (T = 1 for greedy)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1].float()  # (R, V)
+    return (logits / (temperature or 1.0)).log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 3, 0.9), (0.0, 0, 1.0)])
+def test_log_probs_are_the_policys_under_teacher_forcing(engine_cls, tiny_model_path, tokenizer, temperature, top_k,
+                                                         top_p):
+    """Each sampled token's log-prob is log_softmax(logits / T) of a plain forward over prompt + response: not
+    renormalised over the top-k / top-p set (0.7, 3, 0.9). Rows of different lengths (a stop string), left
+    padding, and a second turn served from the prefix cache."""
+    engine = engine_cls(tiny_model_path, tokenizer, "float32", torch.device("cpu"))
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=10, stop=["k"],
+                              seed=0)
+    first = prompts(tokenizer) + [tokenizer.encode("The quick brown fox", add_special_tokens=False)]
+    out_first = engine.generate(first, sampling)
+    second = [p + r + [7, 8, 9] for p, r in zip(first, out_first.token_ids)]
+    out_second = engine.generate(second, replace(sampling, seed=1))
+    assert engine.last_reused_tokens > 0
+    model = load_causal_lm(tiny_model_path, "float32").eval()
+    for batch, out in ((first, out_first), (second, out_second)):
+        for prompt, response, log_probs in zip(batch, out.token_ids, out.log_probs):
+            assert len(log_probs) == len(response) > 0
+            expected = teacher_forced_log_probs(model, prompt, response, temperature)
+            torch.testing.assert_close(torch.tensor(log_probs), expected, atol=1e-5, rtol=0)
 
 
 # ---- prefix reuse ------------------------------------------------------------------------------------
@@ -79,7 +109,7 @@ def play(engine, tokenizer, sampling, turns=3):
     responses, reused = [], []
     for turn in range(turns):
         order = sorted(prompts, reverse=turn % 2 == 1)
-        out = engine.generate([prompts[i] for i in order], replace(sampling, seed=turn))
+        out = engine.generate([prompts[i] for i in order], replace(sampling, seed=turn)).token_ids
         responses.append(out)
         reused.append(engine.last_reused_tokens)
         prompts = {i: prompts[i] + r + encode(f"\nobservation {turn}:" + " #" * i) for i, r in zip(order, out)
@@ -117,15 +147,15 @@ def test_prefix_cache_is_dropped_by_sync_weights_and_over_its_memory_bound(engin
     sampling = SamplingParams(max_new_tokens=8, seed=0)
     first = prompts(tokenizer)
     engine = engine_cls(tiny_model_path, tokenizer, "float32", torch.device("cpu"))
-    second = [p + r + [7, 8, 9] for p, r in zip(first, engine.generate(first, sampling))]
+    second = [p + r + [7, 8, 9] for p, r in zip(first, engine.generate(first, sampling).token_ids)]
     state = {k: torch.randn_like(v) for k, v in engine.model.state_dict().items()}
     engine.sync_weights(state)
-    after_sync = engine.generate(second, sampling)
+    after_sync = engine.generate(second, sampling).token_ids
     assert engine.last_reused_tokens == 0
 
     fresh = engine_cls(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache=False)
     fresh.sync_weights(state)
-    assert after_sync == fresh.generate(second, sampling)
+    assert after_sync == fresh.generate(second, sampling).token_ids
 
     tight = engine_cls(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache_max_bytes=0)
     tight.generate(second, sampling)
@@ -140,9 +170,10 @@ def test_prefix_reuse_keeps_the_batch_no_wider_than_its_longest_prompt(engine_cl
     long, short = list(range(1000, 1040)), [5, 6, 7]
     outputs = []
     for engine in engines:
-        response_long, response_short = engine.generate([long, short], sampling)
+        response_long, response_short = engine.generate([long, short], sampling).token_ids
         # 40 + 8 + 2 = 50 tokens with 47 cached (the last sampled token has no K/V), and 3 + 8 + 30 = 41 with 10
-        outputs.append(engine.generate([long + response_long + [9, 9], short + response_short + [8] * 30], sampling))
+        outputs.append(engine.generate([long + response_long + [9, 9], short + response_short + [8] * 30],
+                                       sampling).token_ids)
     assert outputs[0] == outputs[1]
     # 31 new columns for the short row leave 50 - 31 = 19 cached ones: the long row reuses 19, the short one 10
     assert engines[0].last_reused_tokens == 19 + 10
@@ -169,12 +200,12 @@ def test_identical_prompts_are_prefilled_once_and_sampled_apart(tiny_model_path,
     engine = TorchRollout(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache=False)
     prompt, other = prompts(tokenizer)
     batch = [prompt, other, prompt, prompt]  # a group of three and one more, as a rollout's first turn
-    out = engine.generate(batch, SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1))
+    out = engine.generate(batch, SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1)).token_ids
     assert engine.last_reused_tokens == 2 * len(prompt)  # fed once, copied twice
     assert len({tuple(out[i]) for i in (0, 2, 3)}) > 1, "copies of a row must draw their own samples"
     greedy = SamplingParams(temperature=0, max_new_tokens=8)
     hf = HFRollout(tiny_model_path, tokenizer, "float32", torch.device("cpu"), prefix_cache=False)
-    assert engine.generate(batch, greedy) == hf.generate(batch, greedy)
+    assert engine.generate(batch, greedy).token_ids == hf.generate(batch, greedy).token_ids
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 3, 1.0), (1.3, 0, 0.8),

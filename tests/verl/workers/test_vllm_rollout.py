@@ -16,6 +16,8 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is an optional extra: `bash scripts/install_vllm_cpu.sh` builds .venv-vllm")
 
 from tests.conftest import save_tiny_llama  # noqa: E402
+from tests.verl.workers.test_rollout_engines import teacher_forced_log_probs  # noqa: E402
+from verl.utils.fingerprint import WeightSyncError, check_weight_sync, weight_fingerprints  # noqa: E402
 from verl.utils.model import load_causal_lm  # noqa: E402
 from verl.workers.rollout import SamplingParams, VLLMRollout  # noqa: E402
 
@@ -80,23 +82,36 @@ def test_building_an_engine_leaves_the_callers_random_streams_alone(tiny_path, t
 def test_responses_end_at_eos_or_at_the_limit(bundled_engine, tokenizer):
     eos = tokenizer.eos_token_id
     sampling = SamplingParams(temperature=0, max_new_tokens=64)
-    out = bundled_engine.generate(chat_prompts(tokenizer), sampling)
+    out = bundled_engine.generate(chat_prompts(tokenizer), sampling).token_ids
     assert all(r[-1] == eos and eos not in r[:-1] for r in out)  # answers are short: each stops at <|im_end|>
     assert "4" in tokenizer.decode(out[0])
     assert bundled_engine.last_prompt_tokens == sum(map(len, chat_prompts(tokenizer)))
 
-    out = bundled_engine.generate(chat_prompts(tokenizer), replace(sampling, ignore_eos=True))
+    out = bundled_engine.generate(chat_prompts(tokenizer), replace(sampling, ignore_eos=True)).token_ids
     assert [len(r) for r in out] == [64, 64] and all(eos in r for r in out)  # past EOS up to the limit
 
 
 def test_same_seed_same_samples_and_each_prompt_its_own_stream(tiny_engine, tokenizer):
     sampling = SamplingParams(max_new_tokens=8, seed=3)
-    first, second = (tiny_engine.generate(prompts(tokenizer), sampling) for _ in range(2))
+    first, second = (tiny_engine.generate(prompts(tokenizer), sampling).token_ids for _ in range(2))
     assert first == second and all(1 <= len(r) <= 8 for r in first)
-    assert tiny_engine.generate(prompts(tokenizer), replace(sampling, seed=4)) != first
+    assert tiny_engine.generate(prompts(tokenizer), replace(sampling, seed=4)).token_ids != first
     same_prompt = prompts(tokenizer)[:1] * 4  # a GRPO group: one prompt, several samples
-    group = tiny_engine.generate(same_prompt, sampling)
+    group = tiny_engine.generate(same_prompt, sampling).token_ids
     assert len({tuple(r) for r in group}) == 4
+
+
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
+def test_log_probs_are_the_policys_under_teacher_forcing(tiny_engine, tiny_path, tokenizer, temperature):
+    """vLLM's sampled-token log-probs (processed_logprobs mode) are log_softmax(logits / T) of a plain forward
+    over prompt + response in transformers (T = 1 for greedy): not the raw, temperature-free ones."""
+    batch = prompts(tokenizer)
+    out = tiny_engine.generate(batch, SamplingParams(temperature=temperature, max_new_tokens=8, seed=0))
+    model = load_causal_lm(tiny_path, "float32").eval()
+    for prompt, response, log_probs in zip(batch, out.token_ids, out.log_probs):
+        assert len(log_probs) == len(response) > 0
+        expected = teacher_forced_log_probs(model, prompt, response, temperature)
+        torch.testing.assert_close(torch.tensor(log_probs), expected, atol=1e-4, rtol=0)
 
 
 def test_a_seeded_sample_does_not_depend_on_the_rest_of_the_batch_or_the_cache(tiny_engine, tokenizer):
@@ -105,21 +120,21 @@ def test_a_seeded_sample_does_not_depend_on_the_rest_of_the_batch_or_the_cache(t
     generator = torch.Generator().manual_seed(0)
     batch = torch.randint(100, len(tokenizer), (16, 300), generator=generator).tolist()
     sampling = SamplingParams(max_new_tokens=4, seed=0)
-    first = tiny_engine.generate(batch, sampling)
-    assert tiny_engine.generate(batch, sampling) == first and tiny_engine.last_reused_tokens > 0
-    assert tiny_engine.generate(batch[:3], sampling) == first[:3]
+    first = tiny_engine.generate(batch, sampling).token_ids
+    assert tiny_engine.generate(batch, sampling).token_ids == first and tiny_engine.last_reused_tokens > 0
+    assert tiny_engine.generate(batch[:3], sampling).token_ids == first[:3]
     assert len({tuple(r) for r in first}) == 16
 
 
 def test_a_stop_string_ends_the_response_with_the_token_that_completes_it(tiny_engine, tokenizer):
     prompt = prompts(tokenizer)[:1]
     sampling = SamplingParams(max_new_tokens=24, ignore_eos=True, seed=5)
-    full = tiny_engine.generate(prompt, sampling)[0]
+    full = tiny_engine.generate(prompt, sampling).token_ids[0]
     # a stop string from the middle of the sample: the text of one plain-ASCII token
     pieces = [tokenizer.decode([t]) for t in full]
     stop = next(p for p in pieces[4:] if p.strip().isascii() and p.strip().isalnum())
     end = next(k for k in range(1, len(full) + 1) if stop in tokenizer.decode(full[:k]))
-    stopped = tiny_engine.generate(prompt, replace(sampling, stop=[stop]))[0]
+    stopped = tiny_engine.generate(prompt, replace(sampling, stop=[stop])).token_ids[0]
     assert stopped == full[:end]  # same seed, same tokens, up to and including the one finishing `stop`
     assert tokenizer.decode(stopped).count(stop) == 1 and end < len(full)
 
@@ -129,9 +144,10 @@ def test_sync_weights_generates_what_the_new_weights_give(tiny_engine, tiny_path
     prompt = [torch.randint(100, len(tokenizer), (300,), generator=generator).tolist()]  # fills cache blocks
     greedy = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
     original = load_causal_lm(tiny_path, "float32").state_dict()
-    before = tiny_engine.generate(prompt, greedy)
+    before = tiny_engine.generate(prompt, greedy).token_ids
     assert before == hf_greedy(tiny_path, original, prompt, 12)
-    assert tiny_engine.generate(prompt, greedy) == before and tiny_engine.last_reused_tokens > 0  # prefix cache hit
+    # a prefix cache hit
+    assert tiny_engine.generate(prompt, greedy).token_ids == before and tiny_engine.last_reused_tokens > 0
 
     # unit-scale random weights: peaked logits, so greedy decoding has no near-ties between implementations
     torch.manual_seed(1)
@@ -139,21 +155,70 @@ def test_sync_weights_generates_what_the_new_weights_give(tiny_engine, tiny_path
     updates.append({k: v.flip(0) for k, v in updates[0].items()})
     for state in updates:
         tiny_engine.sync_weights(state)
-        after = tiny_engine.generate(prompt, greedy)
+        after = tiny_engine.generate(prompt, greedy).token_ids
         assert tiny_engine.last_reused_tokens == 0  # the old weights' K/V are gone
         assert after == hf_greedy(tiny_path, state, prompt, 12) and after != before
 
     tiny_engine.sync_weights(original)  # the other tests share this engine
-    assert tiny_engine.generate(prompt, greedy) == before
+    assert tiny_engine.generate(prompt, greedy).token_ids == before
 
 
 def test_sync_weights_into_bf16_equals_loading_them(bundled_engine, bundled_model_path, tokenizer):
     """The actor syncs fp32 master weights into the bf16 engine: the same as vLLM loading them from disk."""
     greedy = SamplingParams(temperature=0, max_new_tokens=24)
-    loaded = bundled_engine.generate(chat_prompts(tokenizer), greedy)
+    loaded = bundled_engine.generate(chat_prompts(tokenizer), greedy).token_ids
     master = load_causal_lm(bundled_model_path, "float32").state_dict()
     torch.manual_seed(0)
     bundled_engine.sync_weights({k: v + 0.02 * torch.randn_like(v) for k, v in master.items()})
-    assert bundled_engine.generate(chat_prompts(tokenizer), greedy) != loaded
+    assert bundled_engine.generate(chat_prompts(tokenizer), greedy).token_ids != loaded
     bundled_engine.sync_weights(master)
-    assert bundled_engine.generate(chat_prompts(tokenizer), greedy) == loaded
+    assert bundled_engine.generate(chat_prompts(tokenizer), greedy).token_ids == loaded
+
+
+def double_the_embedding_parameter(model: torch.nn.Module) -> None:
+    model.model.embed_tokens.weight.mul_(2)  # the parameter only: no post-load processing follows
+
+
+def test_weight_fingerprint_reads_the_layers_gemms(tiny_engine, tiny_path):
+    """On CPU vLLM prepacks each linear layer's weight into its GEMM and empties the parameter: the fingerprint
+    reads the GEMMs, so it sees every sync, a fused tensor (k_proj in qkv_proj) a sync missed, and an LM head
+    whose GEMM still holds the old copy of its tied embedding."""
+    original = load_causal_lm(tiny_path, "float32").state_dict()
+
+    def check(weights):
+        check_weight_sync(weight_fingerprints(weights, torch.float32), tiny_engine.weight_fingerprint(), "vllm")
+
+    torch.manual_seed(0)
+    moved = {k: v + 0.02 * torch.randn_like(v) for k, v in original.items()}
+    moved["lm_head.weight"] = moved["model.embed_tokens.weight"]  # tied
+    tiny_engine.sync_weights(moved)
+    check(moved)
+
+    missed = "model.layers.1.self_attn.k_proj.weight"
+    tiny_engine.sync_weights(original | {missed: moved[missed]})  # as if the sync had skipped it
+    with pytest.raises(WeightSyncError, match=rf"\(1 of 21 tensors differ\): {missed}: trainer sum"):
+        check(original)
+
+    tiny_engine.sync_weights(original)
+    tiny_engine.llm.apply_model(double_the_embedding_parameter)
+    with pytest.raises(WeightSyncError, match=r"\(1 of 21 tensors differ\): model\.embed_tokens\.weight: trainer"):
+        check(original)  # the LM head's GEMM kept its own copy of the weights: it matches
+
+    tiny_engine.sync_weights(original)  # the other tests share this engine
+    check(original)
+
+
+def test_weight_fingerprint_of_a_bf16_engine_matches_the_fp32_weights_it_was_given(bundled_engine, bundled_model_path):
+    """A CPU run's case: SmolLM2 (tied LM head) in bf16, as loaded from disk and after a sync of fp32 weights."""
+    master = load_causal_lm(bundled_model_path, "float32").state_dict()
+
+    def check(weights):
+        check_weight_sync(weight_fingerprints(weights, torch.bfloat16), bundled_engine.weight_fingerprint(), "vllm")
+
+    check(master)
+    torch.manual_seed(0)
+    moved = {k: v + 0.02 * torch.randn_like(v) for k, v in master.items()}
+    moved["lm_head.weight"] = moved["model.embed_tokens.weight"]  # tied
+    bundled_engine.sync_weights(moved)
+    check(moved)
+    bundled_engine.sync_weights(master)  # the other tests share this engine

