@@ -279,6 +279,9 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
     _check(cap is None or (math.isfinite(cap) and cap > 1),
            f"actor_rollout_ref.actor.tis_imp_ratio_cap={cap}: the cap of an importance weight that is 1 on average "
            "must be finite and > 1 (e.g. 2), or null to turn truncated importance sampling off")
+    _check(cap is None or rollout.name != "vllm" or (rollout.top_p == 1.0 and rollout.top_k == 0),
+           "actor_rollout_ref.actor.tis_imp_ratio_cap with rollout.name=vllm needs top_p=1 and top_k=0: vLLM's "
+           "log-probs are renormalised over the top-k / top-p tokens, the trainer's are not")
     for key, value in (("actor_rollout_ref.actor.entropy_coeff", actor.entropy_coeff),
                        ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
                        ("algorithm.kl_ctrl.kl_coef", algo.kl_ctrl.kl_coef),
@@ -378,7 +381,8 @@ def _validate_watchdog(cfg: RagenConfig) -> None:
     """The rules, and what a rollback needs: checkpoints during the run that keep their optimizer state."""
     watchdog, trainer = cfg.trainer.watchdog, cfg.trainer
     _check(watchdog.action in ACTIONS, f"trainer.watchdog.action={watchdog.action!r}: choose from {list(ACTIONS)}")
-    _check(watchdog.max_rollbacks >= 0, "trainer.watchdog.max_rollbacks must be >= 0")
+    _check(0 <= watchdog.max_rollbacks <= 40, "trainer.watchdog.max_rollbacks must be in [0, 40]: each rollback "
+           "shifts the training seeds by 100,000,007, and numpy seeds are 32-bit")
     for name, rule in watchdog.rules.items():
         key = f"trainer.watchdog.rules.{name}"
         _check(rule.condition in CONDITIONS, f"{key}.condition={rule.condition!r}: choose from {list(CONDITIONS)}")

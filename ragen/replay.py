@@ -89,9 +89,13 @@ def start_checkpoint(run_dir: Path, step: int) -> Path:
 
 def run_config(run_dir: Path, start: Path) -> tuple[RagenConfig, dict]:
     """The config the run wrote into checkpoint `start`, as the schema object and as saved. Its folders are
-    this run folder's (it may have moved since), and the run resumes from `start`."""
+    this run folder's (it may have moved since: a rollout_data_dir inside the old run folder moves with it),
+    and the run resumes from `start`."""
     saved = yaml.safe_load((start / checkpoint.RUN_CONFIG).read_text(encoding="utf-8"))
     config = OmegaConf.merge(OmegaConf.structured(RagenConfig), saved)
+    old_dir, records = Path(saved["trainer"]["default_local_dir"]), saved["trainer"]["rollout_data_dir"]
+    if records is not None and Path(records).is_relative_to(old_dir):
+        config.trainer.rollout_data_dir = str(run_dir / Path(records).relative_to(old_dir))
     config.trainer.default_local_dir, config.trainer.resume_mode = str(run_dir), str(start)
     return OmegaConf.to_object(config), saved
 

@@ -180,6 +180,8 @@ def tokens_html(pieces: list[str], trained: dict | None) -> str:
         heading, legend = "Tokens: not trained on (filtered)", ""
     else:
         heading = f"Tokens: {len(advantage_of)} of {len(pieces)} trained on"
+        if not trained.get("updated", True):  # records from before the flag existed were all updates
+            heading += " (but the actor took no update this step: every advantage was 0, or critic warm-up)"
         swatches = "".join(f'<span class="on" style="background: {advantage_colour(a, scale)}">'
                            f'{_signed(a, ".3f")}</span>' for a in (-scale, -scale / 2, 0.0, scale / 2, scale))
         legend = (f'<p class="legend">underlined: trained on (loss_mask), its advantage as background '

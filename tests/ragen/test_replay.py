@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 
 from ragen.config import RagenConfig
 from ragen.replay import ReplayError, batch_paths, compare_checkpoint, metrics_table, start_checkpoint
+from ragen.replay import run_config as saved_run_config
 from verl.protocol import DataProto
 from verl.utils import checkpoint
 from verl.utils.batch_file import batch_path, write_batch
@@ -40,6 +41,15 @@ def run_config(tmp_path, save_batches=True) -> tuple[RagenConfig, dict]:
     cfg = RagenConfig()
     cfg.trainer.rollout_data_dir, cfg.trainer.save_batches = str(tmp_path / "rollouts"), save_batches
     return cfg, {"trainer": {"save_batches": save_batches}}
+
+
+def test_a_moved_run_folder_takes_its_records_along(tmp_path):
+    saved = {"trainer": {"default_local_dir": "/old/run", "rollout_data_dir": "/old/run/rollouts"}}
+    start = fake_checkpoint(tmp_path, 1)
+    (start / checkpoint.RUN_CONFIG).write_text(json.dumps(saved))  # JSON is YAML
+    cfg, _ = saved_run_config(tmp_path, start)
+    assert cfg.trainer.rollout_data_dir == str(tmp_path / "rollouts")
+    assert (cfg.trainer.default_local_dir, cfg.trainer.resume_mode) == (str(tmp_path), str(start))
 
 
 def test_every_replayed_step_needs_its_saved_batch(tmp_path):

@@ -249,6 +249,9 @@ def test_the_tokens_trained_on_are_marked_with_their_advantage(tmp_path):
     assert "a&lt;b" in text and " &amp; c" in text and "<|im_start|>" not in text  # token text is escaped
     assert "Tokens: 3 of 6 trained on" in text
     assert ">-0.500</span>" in text and ">+0.500</span>" in text  # the legend's scale: the largest advantage
+    record["trained_tokens"]["updated"] = False  # a zero-variance step: advantages computed, no actor update
+    (page,) = write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)
+    assert "but the actor took no update this step" in page.read_text(encoding="utf-8")
 
 
 def test_a_filtered_trajectory_shows_no_token_trained_on_and_validation_no_tokens(tmp_path):

@@ -264,8 +264,9 @@ def test_records_get_each_turns_advantage(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
     # group 0 (1, 0) is kept: +-0.707; group 1 (1, 1) has no spread and is filtered out
     assert [r["turns"][0]["advantage"] for r in records] == pytest.approx([0.7071, -0.7071, None, None], abs=1e-4)
-    assert [r["trained_tokens"] for r in records] == [{"spans": [[1, 3]], "advantages": [0.707, 0.707]},
-                                                      {"spans": [[1, 3]], "advantages": [-0.707, -0.707]}, None, None]
+    assert [r["trained_tokens"] for r in records] == [
+        {"spans": [[1, 3]], "advantages": [0.707, 0.707], "updated": True},
+        {"spans": [[1, 3]], "advantages": [-0.707, -0.707], "updated": True}, None, None]
 
 
 def test_records_get_the_tokens_trained_on_with_their_advantages():
@@ -280,8 +281,11 @@ def test_records_get_the_tokens_trained_on_with_their_advantages():
                      non_tensor_batch={"record_index": np.array([2, 0])})  # rows in another order than the records
     records = [{"turns": [{}]}, {"turns": [{}]}, {"turns": [{}, {}]}]
     records = with_advantages(records, kept)
-    assert records[2]["trained_tokens"] == {"spans": [[1, 3], [5, 6]], "advantages": [0.123, -2.5, 0.0]}
-    assert records[0]["trained_tokens"] == {"spans": [[2, 8]], "advantages": [-0.5, -0.5, 0.25, 0.25, 0.25, 0.0]}
+    assert records[2]["trained_tokens"] == {"spans": [[1, 3], [5, 6]], "advantages": [0.123, -2.5, 0.0],
+                                            "updated": True}
+    assert records[0]["trained_tokens"] == {"spans": [[2, 8]], "advantages": [-0.5, -0.5, 0.25, 0.25, 0.25, 0.0],
+                                            "updated": True}
+    assert not with_advantages(records, kept, updated=False)[0]["trained_tokens"]["updated"]  # no actor step
     assert records[1]["trained_tokens"] is None  # dropped by the filter
     assert [t["advantage"] for t in records[2]["turns"]] == pytest.approx([(0.12345 - 2.5) / 2, 1e-5])
     assert all(r["trained_tokens"] is None for r in with_advantages(records, kept[np.zeros(2, bool)]))  # none kept

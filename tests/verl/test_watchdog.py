@@ -37,11 +37,29 @@ def test_a_rule_fires_after_its_streak_and_again_every_streak(tmp_path):
 
 
 def test_a_step_without_the_metric_neither_counts_nor_breaks_the_streak(tmp_path):
-    dog = watchdog(tmp_path, floor=WatchdogRule(metric="actor/entropy", threshold=0.1, steps=2))
+    dog = watchdog(tmp_path, "rollback", floor=WatchdogRule(metric="actor/entropy", threshold=0.1, steps=2))
     assert not dog.observe(1, {"actor/entropy": 0.0})
     assert not dog.observe(2, {})  # a step without an actor update logs no entropy
-    assert not dog.healthy()
+    assert not dog.healthy()  # a rollback rule is tripping
     assert [e.step for e in dog.observe(3, {"actor/entropy": 0.0})] == [3]
+
+
+def test_only_rules_that_stop_or_roll_back_make_a_checkpoint_unhealthy(tmp_path):
+    dog = watchdog(tmp_path, "warn", w=WatchdogRule(metric="x", threshold=1.0, steps=3),
+                   r=WatchdogRule(metric="y", threshold=1.0, steps=3, action="rollback"))
+    dog.observe(1, {"x": 0.0, "y": 5.0})
+    assert dog.healthy()  # only the warn rule trips
+    dog.observe(2, {"x": 0.0, "y": 0.0})
+    assert not dog.healthy()
+
+
+def test_a_rule_on_a_metric_no_step_logs_is_reported_once(tmp_path, capsys):
+    dog = watchdog(tmp_path, typo=WatchdogRule(metric="actor/entropi"), fine=WatchdogRule(metric="actor/entropy"))
+    for step in range(1, 6):
+        dog.observe(step, {"actor/entropy": 1.0})
+    lines = [line for line in capsys.readouterr().out.splitlines() if "none of the first" in line]
+    assert lines == ["[watchdog] rule typo watches 'actor/entropi', which none of the first 3 steps logged (did you "
+                     "mean 'actor/entropy'?): check trainer.watchdog.rules.typo.metric"]
 
 
 def test_the_most_severe_action_wins_and_off_rules_are_ignored(tmp_path):
@@ -72,10 +90,10 @@ class SeededAgent:
         return Rollout(batch, {"test/signal": signal}, records)
 
 
-def watched_trainer(tmp_path, action: str, bad_step=3, steps=5, max_rollbacks=3):
+def watched_trainer(tmp_path, action: str, bad_step=3, steps=5, max_rollbacks=3, keep=None, resumable=None):
     config = TrainerConfig(total_training_steps=steps, save_freq=1, default_local_dir=str(tmp_path),
-                           rollout_data_dir=None, logger=["jsonl"], resumable_checkpoints=None,
-                           max_actor_ckpt_to_keep=None,
+                           rollout_data_dir=None, logger=["jsonl"], resumable_checkpoints=resumable,
+                           max_actor_ckpt_to_keep=keep,
                            watchdog=WatchdogConfig(action=action, max_rollbacks=max_rollbacks, rules={
                                "signal_floor": WatchdogRule(metric="test/signal", threshold=0.5, steps=1)}))
     agent = SeededAgent(bad_step)
@@ -100,8 +118,8 @@ def test_rollback_returns_to_the_last_healthy_checkpoint_with_other_seeds(tmp_pa
     undone = read_jsonl(tmp_path / "metrics.rolled_back.jsonl")  # nothing lost: the first try of step 3
     assert [(row["step"], row["test/signal"], row["rolled_back"]) for row in undone] == [
         (3, 0.0, "try 0, undone at step 3")]
-    assert not (tmp_path / "global_step_3").exists() or checkpoint.read_trainer_state(tmp_path / "global_step_3")[
-        "rollbacks"] == 1  # the failed step was never saved; the one saved later is of the second try
+    # the failed try of step 3 was never saved; the step 3 saved later is the second try's
+    assert checkpoint.read_trainer_state(tmp_path / "global_step_3")["rollbacks"] == 1
     assert checkpoint.read_trainer_state(tmp_path / "global_step_5")["rollbacks"] == 1
 
 
@@ -124,14 +142,26 @@ def test_a_resumed_run_keeps_the_streaks_and_fires_where_the_whole_run_would(tmp
     assert [(e["step"], e["rule"]) for e in read_events(tmp_path)] == [(3, "slow")]  # 2 steps in a row: 2 and 3
 
 
-def test_an_unhealthy_checkpoint_is_not_a_rollback_target(tmp_path):
-    # warn-only rule trips at steps 3-4 (saved unhealthy); a stop-free rollback at step 5 must go back to step 2
-    config_rules = {"warn_on_signal": WatchdogRule(metric="test/signal", threshold=0.5, steps=1, action="warn"),
-                    "rollback_late": WatchdogRule(metric="test/signal", threshold=0.5, steps=3, action="rollback")}
-    trainer, agent = watched_trainer(tmp_path, "warn", bad_step=3, steps=6)
-    trainer.watchdog = Watchdog(WatchdogConfig(action="warn", rules=config_rules), tmp_path)
+@pytest.mark.parametrize("keep, resumable", [(None, None), (2, 1)])  # (2, 1): the default retention
+def test_an_unhealthy_checkpoint_is_not_a_rollback_target(tmp_path, keep, resumable):
+    # the rollback rule trips at steps 3 and 4 (saved unhealthy) and fires at 5: back to step 2, the last
+    # healthy checkpoint, which pruning kept whole with its optimizer state (the newest two are 3 and 4)
+    rules = {"rollback_late": WatchdogRule(metric="test/signal", threshold=0.5, steps=3, action="rollback"),
+             "warn_early": WatchdogRule(metric="test/signal", threshold=0.5, steps=1, action="warn")}
+    trainer, agent = watched_trainer(tmp_path, "warn", bad_step=3, steps=6, keep=keep, resumable=resumable)
+    trainer.watchdog = Watchdog(WatchdogConfig(action="warn", rules=rules), tmp_path)
     trainer.fit()
-    assert (3, ROLLBACK_SEED_STRIDE) in agent.played  # went back to step 2, the last healthy checkpoint
+    assert agent.played[:5] == [(1, 0), (2, 0), (3, 0), (4, 0), (5, 0)]
+    assert agent.played[5:] == [(s, ROLLBACK_SEED_STRIDE) for s in (3, 4, 5, 6)]  # went back to step 2
+
+
+def test_a_rollback_moves_the_latest_checkpoint_back_before_anything_else(tmp_path, monkeypatch):
+    trainer, agent = watched_trainer(tmp_path, "rollback")
+    seen = []  # what a crash right after the rollback would resume from
+    monkeypatch.setattr(trainer.watchdog, "reset", lambda attempt: seen.append(
+        (checkpoint.latest_checkpoint(tmp_path).name, sorted(p.name for p in tmp_path.glob("global_step_*")))))
+    trainer.fit()
+    assert seen == [("global_step_2", ["global_step_1", "global_step_2"])]  # step 3's first try is gone
 
 
 def test_stop_writes_a_report_and_ends_the_run(tmp_path):

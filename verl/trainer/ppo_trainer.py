@@ -81,16 +81,16 @@ class PPOTrainer:
             events = self.watchdog.observe(step, metrics)
             self.tracker.log(metrics | self.watchdog.metrics(events), step)
             self.watchdog.announce(events)
-            nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
-                                                    self.config.max_consecutive_nonfinite_steps)
             action = self.watchdog.decision(events)
             if action == "stop":
                 self.stop(events, f"A rule whose action is stop fired at step {step}.")
             if action == "rollback":
-                step = self.rollback(events)
+                step, nonfinite_steps = self.rollback(events), 0
                 bar.reset(total=last)
                 bar.update(step)
                 continue
+            nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
+                                                    self.config.max_consecutive_nonfinite_steps)
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
                 self.save(step)
             if step == done + 1 and step < last:
@@ -107,13 +107,15 @@ class PPOTrainer:
             with timed("gen", metrics):
                 rollout = self.agent.rollout(step)
             check_finite_rewards(rollout.batch, rollout.records)
-            with timed("collapse", metrics): metrics |= self.measure_collapse(rollout.batch)
+            with timed("collapse", metrics):
+                metrics |= self.measure_collapse(rollout.batch)
             records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
             batch, filter_metrics = self.filter(rollout.batch.union(records))
             self.save_batch(batch, step)
             if len(batch) > 0:  # none is left when every group had a failed environment: no update
                 batch = self.train_on(batch, step, metrics)
-            self.save_records(with_advantages(rollout.records, batch), "train", step)
+            updated = "timing_s/update_actor" in metrics  # not on a zero-variance skip or in the critic warm-up
+            self.save_records(with_advantages(rollout.records, batch, updated), "train", step)
             if self.val_agent is not None and self.config.test_freq > 0 and (
                     step % self.config.test_freq == 0 or step == last):
                 metrics |= self.validate(step)
@@ -277,6 +279,7 @@ class PPOTrainer:
         if path is None:
             return 0
         step = self.load(path)
+        self.watchdog.truncate(after_step=step)  # a crashed step's events would be written twice
         print(f"resumed from {path} (step {step})", flush=True)
         return step
 
@@ -291,6 +294,8 @@ class PPOTrainer:
         configured = {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef}
         if state["kl_ctrl"] == configured:  # a new controller type or initial coefficient restarts it
             self.kl_ctrl.value = state["kl_coef"]
+        else:
+            self.kl_ctrl.value = configured["kl_coef"]
         rollbacks = state.get("rollbacks", 0)  # absent in checkpoints written before the watchdog
         if rollbacks:
             self.set_rollbacks(rollbacks)
@@ -314,6 +319,7 @@ class PPOTrainer:
         self.tracker.truncate(after_step=checkpoint.read_trainer_state(target)["step"],
                               set_aside_as=f"try {self.rollbacks}, undone at step {step}")
         rolled_back = self.load(target)
+        checkpoint.abandon_after(self.config.default_local_dir, rolled_back)
         self.set_rollbacks(rollbacks)
         print(f"[watchdog] rolled back from step {step} to {target} (step {rolled_back}); rollback "
               f"{self.rollbacks} of at most {self.config.watchdog.max_rollbacks}, training seeds shifted by "
@@ -341,11 +347,12 @@ def time_left(first_step_s: float, steps_left: int) -> str:
             f"{duration(first_step_s * steps_left)} at that pace (estimate)")
 
 
-def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
+def with_advantages(records: list[dict], batch: DataProto, updated: bool = True) -> list[dict]:
     """Each turn's record gets the mean advantage of its generated tokens, and each trajectory's record the
     tokens the update trained on, for the trajectory browser's heat map: `trained_tokens` = {"spans": the
     [start, end) runs of `loss_mask` over the trajectory's tokens, "advantages": one per trained token, in
-    order, to 3 decimals} (compact: about 7 bytes a generated token). None: dropped by the filter."""
+    order, to 3 decimals, "updated": whether the actor took an update on them this step} (compact: about 7
+    bytes a generated token). None: dropped by the filter."""
     for record in records:
         record["trained_tokens"] = None
         for turn in record["turns"]:
@@ -361,7 +368,8 @@ def with_advantages(records: list[dict], batch: DataProto) -> list[dict]:
         # +1 where a run of trained tokens starts, -1 one past its end
         edges = torch.diff(mask[row].int(), prepend=no_token, append=no_token).nonzero().flatten().tolist()
         records[index]["trained_tokens"] = {"spans": [edges[i:i + 2] for i in range(0, len(edges), 2)],
-                                            "advantages": [round(a, 3) for a in advantages[row][mask[row]].tolist()]}
+                                            "advantages": [round(a, 3) for a in advantages[row][mask[row]].tolist()],
+                                            "updated": updated}
     return records
 
 

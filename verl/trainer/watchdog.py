@@ -11,12 +11,13 @@ neither trips a rule nor ends its streak. What a firing does is the rule's `acti
 `watchdog.jsonl` is what `python -m ragen.plot` marks on every panel.
 """
 
+import difflib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl.trainer.config import WatchdogConfig, WatchdogRule
-from verl.utils.tracking import ROLLED_BACK_FILE, read_jsonl, to_json
+from verl.utils.tracking import ROLLED_BACK_FILE, read_jsonl, to_json, write_jsonl
 
 ACTIONS = ("off", "warn", "stop", "rollback")  # in order of severity
 CONDITIONS = ("below", "above", "nonfinite")
@@ -25,6 +26,7 @@ REPORT_FILE = "watchdog_report.md"
 # a rollback shifts the training seeds by this much per rollback: far past any run's own seeds (seed + step x
 # env_groups) and the validation seeds (trainer.val_seed + group), and within numpy's 32-bit seeds for 40 rollbacks
 ROLLBACK_SEED_STRIDE = 100_000_007
+UNSEEN_CHECK_STEPS = 3  # after this many steps, say which rules watch a metric no step has logged (a typo?)
 
 
 class WatchdogStop(RuntimeError):
@@ -63,6 +65,7 @@ class Watchdog:
         self.streaks = {name: 0 for name in self.rules}
         self.history: list[dict[str, float]] = []  # the watched metrics of the steps seen, for the report
         self.attempt = 0  # rollbacks so far (`reset`)
+        self.seen: set[str] = set()  # every metric key logged so far
         self.events_path = Path(run_dir) / EVENTS_FILE
         self.report_path = Path(run_dir) / REPORT_FILE
 
@@ -74,6 +77,9 @@ class Watchdog:
         to watchdog.jsonl)."""
         self.history.append({"step": step, "attempt": self.attempt} | {
             r.metric: metrics[r.metric] for r in self.rules.values() if r.metric in metrics})
+        self.seen |= metrics.keys()
+        if len(self.history) == UNSEEN_CHECK_STEPS:
+            self.warn_unseen()
         events = []
         for name, rule in self.rules.items():
             if rule.metric not in metrics:
@@ -89,6 +95,15 @@ class Watchdog:
             with self.events_path.open("a", encoding="utf-8") as f:
                 f.writelines(to_json(vars(event)) + "\n" for event in events)
         return events
+
+    def warn_unseen(self) -> None:
+        """A rule whose metric no step has logged may have a misspelt name: it would never fire."""
+        for name, rule in self.rules.items():
+            if rule.metric not in self.seen:
+                close = difflib.get_close_matches(rule.metric, self.seen, n=2)
+                print(f"[watchdog] rule {name} watches {rule.metric!r}, which none of the first {UNSEEN_CHECK_STEPS} "
+                      f"steps logged" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+                      + f": check trainer.watchdog.rules.{name}.metric", flush=True)
 
     @staticmethod
     def announce(events: list[Event]) -> None:
@@ -108,8 +123,16 @@ class Watchdog:
         self.streaks |= {name: count for name, count in streaks.items() if name in self.streaks}
 
     def healthy(self) -> bool:
-        """Whether no rule is tripping now: a checkpoint saved now is one a rollback may return to."""
-        return not any(self.streaks.values())
+        """Whether no rule that stops or rolls back is tripping now: a checkpoint saved now is one a rollback
+        may return to (and checkpoint pruning keeps it until a newer one is healthy)."""
+        return not any(count for name, count in self.streaks.items()
+                       if self.action_of(self.rules[name]) in ("stop", "rollback"))
+
+    def truncate(self, after_step: int) -> None:
+        """A resume from the checkpoint of `after_step`: the events of this attempt after it are logged again."""
+        if self.events_path.is_file():
+            kept = [e for e in read_jsonl(self.events_path) if e["attempt"] < self.attempt or e["step"] <= after_step]
+            write_jsonl(self.events_path, kept)
 
     def reset(self, attempt: int) -> None:
         """After a rollback: forget the streaks (the steps they counted are undone); `attempt` rollbacks so far."""

@@ -71,19 +71,32 @@ def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep
            resumable: int | None = None) -> Path:
     """Finish a checkpoint: the run's config, the trainer state (the completeness marker, written last), the
     swap into place, the `latest` pointer, then pruning: `keep` checkpoints in all, the newest `resumable` of
-    them with their optimizer state (None: all of them)."""
+    them with their optimizer state (None: all of them). The newest checkpoint saved while no watchdog rule that
+    stops or rolls back was tripping (`healthy`) is neither pruned nor stripped while newer ones are not: it
+    is where a rollback goes (verl/trainer/watchdog.py)."""
     (staging / RUN_CONFIG).write_text(yaml.safe_dump(run_config, sort_keys=False), encoding="utf-8")
     (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "rng": driver_rng_state()}), encoding="utf-8")
     final = step_dir(staging.parent, step)
     replace_folder(staging, final)  # the same step saved again (a resumed run redoing it): the new one wins
     _write_atomic(staging.parent / LATEST, str(step))
+    protected = newest_healthy_checkpoint(staging.parent, before_step=step + 1)
     if keep is not None:
-        prune(staging.parent, step, keep)
+        prune(staging.parent, step, keep, protected)
     if resumable is not None:
         older = sorted(s for s in _complete_steps(staging.parent) if s < step)
         for old in older[:max(0, len(older) - (resumable - 1))]:
-            drop_train_state(step_dir(staging.parent, old))
+            if step_dir(staging.parent, old) != protected:
+                drop_train_state(step_dir(staging.parent, old))
     return final
+
+
+def abandon_after(root: str | Path, step: int) -> None:
+    """A watchdog rollback to checkpoint `step`: the checkpoints after it hold the steps it undid. The
+    `latest` pointer moves to `step` first (a crash now resumes where the run went back to), then they go."""
+    _write_atomic(Path(root) / LATEST, str(step))
+    for later in _complete_steps(Path(root)):
+        if later > step:
+            remove(step_dir(root, later))
 
 
 def drop_train_state(folder: Path) -> None:
@@ -94,15 +107,17 @@ def drop_train_state(folder: Path) -> None:
         file.unlink()
 
 
-def prune(root: Path, step: int, keep: int) -> None:
+def prune(root: Path, step: int, keep: int, protected: Path | None = None) -> None:
     """Keep the `keep` newest checkpoints of the run that has just written `step`: `step` itself, which
-    always stays, and those before it. Checkpoints after `step` were written by a run that this one resumed
-    from an earlier point, an abandoned future: they go first, so that what this run writes survives."""
+    always stays, and those before it, and `protected` besides. Checkpoints after `step` were written by a
+    run that this one resumed from an earlier point, an abandoned future: they go first, so that what this
+    run writes survives."""
     steps = _complete_steps(root)
     earlier = sorted(s for s in steps if s < step)
     abandoned = [s for s in steps if s > step]
     for old in abandoned + earlier[:max(0, len(earlier) - (keep - 1))]:
-        remove(step_dir(root, old))
+        if step_dir(root, old) != protected:
+            remove(step_dir(root, old))
 
 
 def replace_folder(staging: Path, target: Path) -> None:
