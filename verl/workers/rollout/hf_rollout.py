@@ -7,12 +7,14 @@ every update, the same contract a vLLM engine has.
 Prefix reuse: after every `generate` the engine keeps each row's K/V (`prefix_cache.py`), and the next call
 feeds each prompt only the tokens past its longest cached prefix.
 
-Log-probs of the sampled tokens come from `generate`'s raw logits (`output_logits=True`), which it holds for
-the whole call: G steps x B rows x V fp32 (400 x 32 x 49k for SmolLM2: 2.5 GB); the torch engine holds one step.
+Log-probs of the sampled tokens: a logits processor (`SampledLogProbs`) sees each step's logits before the
+temperature and top-k / top-p warpers and keeps one step's log-softmax at a time; at the next step it reads
+the token that was sampled from it (`generate`'s `output_logits` would hold all G x B x V logits of the call:
+2.5 GB for 400 steps x 32 rows x SmolLM2's 49k vocabulary).
 """
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -65,12 +67,13 @@ class HFRollout:
         width = input_ids.shape[1]
         attention_mask = torch.cat([history_mask, chunk_mask], dim=1)  # (B, H + C)
         greedy = sampling.temperature == 0
+        scorer = SampledLogProbs(sampling.temperature)
         output = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             **{CACHE_FIELD: None if history is None else DynamicCache(history)},
             return_dict_in_generate=True,
-            output_logits=True,  # raw, before temperature and top-k / top-p: the sampled tokens' log-probs
+            logits_processor=LogitsProcessorList([scorer]),
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
@@ -84,9 +87,7 @@ class HFRollout:
         )
         generated = output.sequences[:, width:].cpu()  # (B, G), G <= max_new_tokens, finished rows padded
         responses = [self._cut(row, sampling.stop) for row in generated.tolist()]
-        log_probs = torch.stack([sampled_log_probs(step_logits, generated[:, j], sampling.temperature).cpu()
-                                 for j, step_logits in enumerate(output.logits)], dim=1)  # (B, G)
-        output.logits = None  # G x (B, V): free it before the cache is compacted
+        log_probs = scorer.finish(generated[:, -1])  # (B, G)
         self.last_prompt_tokens, self.last_reused_tokens = sum(map(len, prompt_ids)), sum(shared)
         if self.prefix_cache:
             self._keep(getattr(output, CACHE_FIELD), torch.cat([history_ids, input_ids, generated], dim=1),
@@ -136,6 +137,30 @@ class HFRollout:
         from the live model; a tied LM head under its own name too, as the trainer's weights have it. The
         torch engine runs the same model, so it inherits this."""
         return weight_fingerprints(self.model.state_dict(), self.dtype)
+
+
+class SampledLogProbs(LogitsProcessor):
+    """Collects the log-prob of each sampled token, `sampled_log_probs` of the logits it was drawn from. `generate`
+    calls it once a step with the sequences so far and that step's logits (custom processors run before the
+    temperature and top-k / top-p warpers); the token sampled from step t's logits is the last column of the
+    sequences at step t + 1, and the last step's is given to `finish`."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.logits: torch.Tensor | None = None  # the previous step's (B, V)
+        self.columns: list[torch.Tensor] = []  # (B,) per step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.logits is not None:
+            self.columns.append(sampled_log_probs(self.logits, input_ids[:, -1], self.temperature).cpu())
+        self.logits = scores
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """The log-probs (B, G) of the G generated tokens, given the last step's tokens (B,)."""
+        self.columns.append(sampled_log_probs(self.logits, last_tokens, self.temperature).cpu())
+        self.logits = None
+        return torch.stack(self.columns, dim=1)
 
 
 def left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
