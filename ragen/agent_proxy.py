@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ragen.config import AgentProxyConfig
-from ragen.context_manager import ContextManager, Trajectory, reply_spans
+from ragen.context_manager import ContextManager, Trajectory, reply_spans, token_pieces
 from ragen.env_state_manager import EnvState, EnvStateManager
-from ragen.trajectory_browser import token_pieces
 from verl.protocol import DataProto
 from verl.utils.tracking import progress
 from verl.workers.rollout import SamplingParams

@@ -79,6 +79,30 @@ def reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
+def token_pieces(tokenizer, sequences: list[list[int]]) -> list[list[str]]:
+    """The text of every token of each sequence: what the page's heat map of the trained tokens shows. Each
+    distinct id is decoded once. A byte-level tokenizer splits some characters over several tokens ("√" is
+    two), each of which decodes alone to U+FFFD: a run of such tokens shows the run's text on its last token
+    and "" on the others, so that a sequence's pieces join to its decoded text."""
+    distinct = sorted({i for ids in sequences for i in ids})
+    text_of = dict(zip(distinct, tokenizer.batch_decode([[i] for i in distinct], clean_up_tokenization_spaces=False)))
+    result = []
+    for ids in sequences:
+        pieces = [text_of[i] for i in ids]
+        start = 0
+        while start < len(pieces):  # each maximal run pieces[start:end] holding U+FFFD
+            end = start
+            while end < len(pieces) and "\ufffd" in pieces[end]:
+                end += 1
+            if end - start > 1:
+                joined = tokenizer.decode(ids[start:end], clean_up_tokenization_spaces=False)
+                pieces[start:end] = [""] * (end - start - 1) + [joined]
+            start = end + 1  # pieces[end] is whole
+        result.append(pieces)
+    return result
+
+
+
 @dataclass
 class Trajectory:
     """One environment's dialogue as token ids, with a mask over the generated ids."""

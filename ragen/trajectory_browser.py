@@ -16,7 +16,7 @@ model or env text is escaped, in elements, attributes and the JSON the index emb
 (a NaN reward) is null in that JSON, which JSON.parse would otherwise reject, and "n/a" on the pages.
 
 Masks: a training record holds the text of every token of its trajectory (`token_pieces`, which the agent
-loop decodes with `token_pieces` below) and what the update trained on (`trained_tokens`, from the trainer's
+loop decodes with `ragen.context_manager.token_pieces`) and what the update trained on (`trained_tokens`, from the trainer's
 `with_advantages`); its page ends with every token, prompt and states included, underlined where the update
 trained on it (`loss_mask`) on a background coloured by its advantage, so that a mask on the wrong tokens
 shows at a glance.
@@ -126,29 +126,6 @@ def state_html(text: str, tiles: dict[str, np.ndarray] | None, caption: str) -> 
         image = (f'<img src="{uri}" width="{width * IMAGE_SCALE}" height="{height * IMAGE_SCALE}" '
                  f'alt="{esc(caption)}">')
     return f'<figure class="state">{image}<pre>{esc(text)}</pre><figcaption>{esc(caption)}</figcaption></figure>'
-
-
-def token_pieces(tokenizer, sequences: list[list[int]]) -> list[list[str]]:
-    """The text of every token of each sequence: what the page's heat map of the trained tokens shows. Each
-    distinct id is decoded once. A byte-level tokenizer splits some characters over several tokens ("√" is
-    two), each of which decodes alone to U+FFFD: a run of such tokens shows the run's text on its last token
-    and "" on the others, so that a sequence's pieces join to its decoded text."""
-    distinct = sorted({i for ids in sequences for i in ids})
-    text_of = dict(zip(distinct, tokenizer.batch_decode([[i] for i in distinct], clean_up_tokenization_spaces=False)))
-    result = []
-    for ids in sequences:
-        pieces = [text_of[i] for i in ids]
-        start = 0
-        while start < len(pieces):  # each maximal run pieces[start:end] holding U+FFFD
-            end = start
-            while end < len(pieces) and "\ufffd" in pieces[end]:
-                end += 1
-            if end - start > 1:
-                joined = tokenizer.decode(ids[start:end], clean_up_tokenization_spaces=False)
-                pieces[start:end] = [""] * (end - start - 1) + [joined]
-            start = end + 1  # pieces[end] is whole
-        result.append(pieces)
-    return result
 
 
 def advantage_colour(advantage: float, scale: float) -> str:
