@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,16 @@ def ray_processes() -> dict[str, str]:
     return {line.split()[0]: line for line in listing.splitlines() if "<defunct>" not in line}
 
 
-def left_behind(others: dict[str, str]) -> list[str]:
-    """Ray processes running now that were not before the run (`others`: another run's, left alone)."""
-    return [line for pid, line in ray_processes().items() if pid not in others]
+def left_behind(others: dict[str, str], grace_s: float = 10.0) -> list[str]:
+    """Ray processes running that were not before the run (`others`: another run's, left alone), once the
+    processes that `ray.shutdown()` has told to exit have had `grace_s` seconds to do so (they exit
+    asynchronously: on a loaded machine a worker can still be running right after the run returned)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        remaining = [line for pid, line in ray_processes().items() if pid not in others]
+        if not remaining or time.monotonic() > deadline:
+            return remaining
+        time.sleep(0.2)
 
 
 def library_noise(result: subprocess.CompletedProcess) -> list[str]:
