@@ -102,7 +102,6 @@ def token_pieces(tokenizer, sequences: list[list[int]]) -> list[list[str]]:
     return result
 
 
-
 @dataclass
 class Trajectory:
     """One environment's dialogue as token ids, with a mask over the generated ids."""

@@ -78,10 +78,9 @@ def replay(run_dir: str | Path, step: int, save: str | Path | None = None) -> bo
 
 def start_checkpoint(run_dir: Path, step: int) -> Path:
     """The newest complete checkpoint before `step` that keeps its optimizer state."""
-    for earlier in range(step - 1, 0, -1):
-        path = checkpoint.step_dir(run_dir, earlier)
-        if (path / checkpoint.TRAINER_STATE).is_file() and not (path / checkpoint.WEIGHTS_ONLY).exists():
-            return path
+    path = checkpoint.newest_resumable_checkpoint(run_dir, before_step=step)
+    if path is not None:
+        return path
     raise ReplayError(f"{run_dir} has no checkpoint with optimizer state before step {step}: a replay starts from "
                       "one. Train with trainer.save_freq=1 and trainer.resumable_checkpoints=null to keep one for "
                       "every step (older checkpoints keep only their weights by default), or replay a later step")

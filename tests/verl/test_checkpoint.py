@@ -317,7 +317,7 @@ class Workers:
 
 
 class Tracker:
-    def truncate(self, after_step):
+    def truncate(self, after_step, set_aside_as=None):
         self.after_step = after_step
 
 

@@ -11,14 +11,13 @@ import os
 import socket
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.utils import memory
 from verl.utils.fsdp import init_single_rank_group
-from verl.utils.tracking import quiet_libraries
+from verl.utils.tracking import quiet_libraries, reduce_metrics
 
 ONE_TO_ALL = "one_to_all"
 DATA_PARALLEL = "data_parallel"
@@ -87,5 +86,5 @@ def collect(dispatch: str, results: list[Any]) -> Any:
     if isinstance(results[0], DataProto):
         return DataProto.concat(results)
     if isinstance(results[0], dict):
-        return {k: float((np.max if k.endswith("_max") else np.mean)([r[k] for r in results])) for k in results[0]}
+        return reduce_metrics({k: [r[k] for r in results] for k in results[0]})
     return results

@@ -283,9 +283,10 @@ class PPOTrainer:
         print(f"resumed from {path} (step {step})", flush=True)
         return step
 
-    def load(self, path: Path) -> int:
+    def load(self, path: Path, set_aside_as: str | None = None) -> int:
         """Restore a checkpoint: weights, optimizer and RNG states, the KL controller, the watchdog's rollback
-        count (which sets the training seeds) and rule streaks; metrics logged after its step are dropped."""
+        count (which sets the training seeds) and rule streaks; metrics logged after its step are dropped, or
+        with `set_aside_as` (a rollback) moved to metrics.rolled_back.jsonl."""
         state = checkpoint.read_trainer_state(path)
         checkpoint.set_driver_rng_state(state["rng"])
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
@@ -300,7 +301,7 @@ class PPOTrainer:
         if rollbacks:
             self.set_rollbacks(rollbacks)
         self.watchdog.restore(state.get("watchdog_streaks", {}))
-        self.tracker.truncate(after_step=state["step"])  # a crashed step's metrics would be logged twice
+        self.tracker.truncate(after_step=state["step"], set_aside_as=set_aside_as)  # else logged twice
         return state["step"]
 
     def rollback(self, events: list[Event]) -> int:
@@ -308,7 +309,7 @@ class PPOTrainer:
         state), shift the training seeds so that the steps after it see other start states and samples, and
         return its step. Stops the run instead when there is none or `max_rollbacks` are used up."""
         step = events[0].step
-        target = checkpoint.newest_healthy_checkpoint(self.config.default_local_dir, before_step=step)
+        target = checkpoint.newest_resumable_checkpoint(self.config.default_local_dir, step, healthy_only=True)
         if target is None:
             self.stop(events, "A rule asked to roll back, but no checkpoint saved before it was healthy and kept its "
                               "optimizer state (save more often: trainer.save_freq, trainer.resumable_checkpoints).")
@@ -316,9 +317,7 @@ class PPOTrainer:
             self.stop(events, f"A rule asked to roll back after {self.rollbacks} rollbacks "
                               f"(trainer.watchdog.max_rollbacks={self.config.watchdog.max_rollbacks}).")
         rollbacks = self.rollbacks + 1  # counted over the whole run: the checkpoint's count is older
-        self.tracker.truncate(after_step=checkpoint.read_trainer_state(target)["step"],
-                              set_aside_as=f"try {self.rollbacks}, undone at step {step}")
-        rolled_back = self.load(target)
+        rolled_back = self.load(target, set_aside_as=f"try {self.rollbacks}, undone at step {step}")
         checkpoint.abandon_after(self.config.default_local_dir, rolled_back)
         self.set_rollbacks(rollbacks)
         print(f"[watchdog] rolled back from step {step} to {target} (step {rolled_back}); rollback "
@@ -334,7 +333,8 @@ class PPOTrainer:
 
     def stop(self, events: list[Event], reason: str) -> None:
         """End the run with the watchdog's report."""
-        healthy = checkpoint.newest_healthy_checkpoint(self.config.default_local_dir, before_step=events[0].step)
+        healthy = checkpoint.newest_resumable_checkpoint(self.config.default_local_dir, events[0].step,
+                                                         healthy_only=True)
         report = self.watchdog.write_report(events, reason, healthy)
         raise WatchdogStop(f"the watchdog stopped the run at step {events[0].step} "
                            f"({', '.join(e.rule for e in events)}); report: {report}")

@@ -79,7 +79,7 @@ def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep
     final = step_dir(staging.parent, step)
     replace_folder(staging, final)  # the same step saved again (a resumed run redoing it): the new one wins
     _write_atomic(staging.parent / LATEST, str(step))
-    protected = newest_healthy_checkpoint(staging.parent, before_step=step + 1)
+    protected = newest_resumable_checkpoint(staging.parent, before_step=step + 1, healthy_only=True)
     if keep is not None:
         prune(staging.parent, step, keep, protected)
     if resumable is not None:
@@ -174,13 +174,15 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return step_dir(root, max(steps)) if steps else None
 
 
-def newest_healthy_checkpoint(root: str | Path, before_step: int) -> Path | None:
-    """The complete checkpoint of the highest step below `before_step` that was saved while no watchdog rule
-    was tripping (`healthy` in its trainer state) and still has its optimizer state: where a rollback goes."""
+def newest_resumable_checkpoint(root: str | Path, before_step: int, healthy_only: bool = False) -> Path | None:
+    """The complete checkpoint of the highest step below `before_step` that still has its optimizer state:
+    where a replay starts (ragen/replay.py). With `healthy_only`, also saved while no watchdog rule that
+    stops or rolls back was tripping (`healthy` in its trainer state): where a rollback goes."""
     for step in sorted(_complete_steps(Path(root)), reverse=True):
         path = step_dir(root, step)
-        healthy = read_trainer_state(path).get("healthy", True)  # absent in checkpoints from before the watchdog
-        if step < before_step and healthy and not (path / WEIGHTS_ONLY).exists():
+        if step >= before_step or (path / WEIGHTS_ONLY).exists():
+            continue
+        if not healthy_only or read_trainer_state(path).get("healthy", True):  # absent: from before the watchdog
             return path
     return None
 

@@ -85,6 +85,12 @@ class Tracking:
         self.jsonl_mode = "a"
 
 
+def reduce_metrics(values: dict[str, list[float]]) -> dict[str, float]:
+    """One number per metric from several (micro-batches, ranks): the mean, or for a metric named `*_max`
+    the maximum."""
+    return {k: float(max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+
+
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     """Rows as JSON lines, written whole: a staging file renamed into place, so no reader sees half a file."""
     path = Path(path)

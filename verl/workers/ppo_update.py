@@ -27,7 +27,7 @@ from verl.protocol import DataProto
 from verl.trainer.config import OptimConfig
 from verl.trainer.core_algos import LOSS_AGG_MODES
 from verl.utils.fsdp import clip_grad_norm
-from verl.utils.tracking import progress
+from verl.utils.tracking import progress, reduce_metrics
 
 # micro-batch tensors -> (the loss summed over its units, metrics of this micro-batch)
 MicroLoss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -68,7 +68,7 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
     history[f"{prefix}/nonfinite_skipped_steps"] = [skipped]
     if skipped < steps:
         lr_scheduler.step()
-    return {k: max(v) if k.endswith("_max") else sum(v) / len(v) for k, v in history.items()}
+    return reduce_metrics(history)
 
 
 def micro_batches(data: DataProto, size: int) -> list[DataProto]:
