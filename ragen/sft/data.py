@@ -9,7 +9,11 @@ per-turn action limit are those of an RL trajectory of the same recipe, token fo
 the format RL uses.
 
 Each row is one episode: its token ids and loss mask (1 on the reply tokens, as in RL), the rendered text, the
-turns in words (state, reply, actions, reward), and the seed that reproduces it. Train and test seeds never
+turns in words (state, reply, actions, reward), and the seed that reproduces it. With `--per-move` (RAGEN V1's
+SFT samples) each turn holds one action and each row one move: the prompt exactly as the model saw it that
+turn (the system prompt and the last `agent_proxy.max_context_window` turns, the new state included), then the
+expert's reply, with the loss on that reply alone. Whole-episode rows let a model fit the expert by the turn
+number (turn k of every episode looks alike); per-move rows carry the state the move must be read from. Train and test seeds never
 overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records
 the recipe and a fingerprint of the tokenizer; the SFT trainer refuses data made with another tokenizer.
 
@@ -51,6 +55,7 @@ class ExpertPolicy:
         self.env_manager, self.tokenizer, self.config = env_manager, tokenizer, config
         self.describe_state = describe_state  # the thought first says where things are (the env's describe())
         self.rng = np.random.default_rng([seed, 2])
+        self.moves: dict[int, list[tuple[list[int], list[int]]]] = {}  # env id -> (prompt ids, reply ids) per turn
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         active = [state for state in self.env_manager.states if not state.done]
@@ -58,6 +63,8 @@ class ExpertPolicy:
         replies = [self.reply(state) for state in active]
         # the prompt already ends with the forced opening tag; the reply continues after it, like a sampled one
         ids = [self.tokenizer.encode(reply, add_special_tokens=False) for reply in replies]
+        for state, prompt, reply_ids in zip(active, prompts.non_tensor_batch["prompt_ids"], ids):
+            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids))
         # written, not sampled: no rollout log-probs (the SFT data keeps only the text)
         return DataProto(non_tensor_batch={"response_ids": ids, "response_log_probs": [[0.0] * len(r) for r in ids]})
 
@@ -88,17 +95,31 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
-def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False) -> pa.Table:
-    """One row per seed: the oracle's episode from that start state, as the RL loop records it."""
+def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False,
+                    per_move: bool = False) -> pa.Table:
+    """One row per seed: the oracle's episode from that start state, as the RL loop records it; with
+    `per_move`, one row per move instead (its prompt as the model saw it, the reply, the loss on the reply)."""
     if describe_state and not cfg.agent_proxy.enable_think:
         raise ValueError("--describe-state writes the description into the thought: it needs "
                          "agent_proxy.enable_think=true")
+    if per_move and cfg.agent_proxy.max_actions_per_turn != 1:
+        raise ValueError(f"--per-move samples hold one action each, but the recipe allows "
+                         f"agent_proxy.max_actions_per_turn={cfg.agent_proxy.max_actions_per_turn}: add the override "
+                         "agent_proxy.max_actions_per_turn=1 (and enough agent_proxy.max_turn for the action budget)")
     cfg = copy.deepcopy(cfg)  # the batches below rewrite its env groups and seed
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     tags = cfg.es_manager.train.env_configs.tags
     columns: dict[str, list] = {key: [] for key in ("tag", "seed", "split", "success", "reward", "num_turns",
                                                    "input_ids", "loss_mask", "text", "turns")}
+
+    def add_row(record: dict, ids: list[int], loss_mask: list[int], turns: list[dict]) -> None:
+        for key, value in (("tag", record["tag"]), ("seed", record["seed"]), ("split", split),
+                           ("success", record["success"]), ("reward", record["reward"]), ("num_turns", len(turns)),
+                           ("input_ids", ids), ("loss_mask", loss_mask), ("text", tokenizer.decode(ids)),
+                           ("turns", json.dumps(turns))):
+            columns[key].append(value)
+
     for start in range(seeds.start, seeds.stop, EPISODES_PER_ROLLOUT):
         batch_size = min(EPISODES_PER_ROLLOUT, seeds.stop - start)
         # seeds start, start+1, ...: the env-state manager's seed for group g at step 0 is seed + g
@@ -106,26 +127,22 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
                                                env_configs=EnvMixConfig(tags=list(tags), n_groups=[]))
         cfg.trainer.seed = start
         agent = make_agent(cfg, "train", None, tokenizer)
-        agent.actor_rollout_wg = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
-                                              describe_state=describe_state)
+        expert = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
+                              describe_state=describe_state)
+        agent.actor_rollout_wg = expert
         rollout = agent.rollout(step=0)
         lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
         for i, record in enumerate(rollout.records):
+            if per_move:  # the loop plays env i's turns in order, so its k-th move answered turn k
+                for (prompt, reply), turn in zip(expert.moves[record["env_id"]], record["turns"]):
+                    add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn])
+                continue
             ids = rollout.batch.batch["input_ids"][i, :lengths[i]].tolist()
-            columns["tag"].append(record["tag"])
-            columns["seed"].append(record["seed"])
-            columns["split"].append(split)
-            columns["success"].append(record["success"])
-            columns["reward"].append(record["reward"])
-            columns["num_turns"].append(len(record["turns"]))
-            columns["input_ids"].append(ids)
-            columns["loss_mask"].append(rollout.batch.batch["loss_mask"][i, :lengths[i]].to(int).tolist())
-            columns["text"].append(tokenizer.decode(ids))
-            columns["turns"].append(json.dumps(record["turns"]))
+            add_row(record, ids, rollout.batch.batch["loss_mask"][i, :lengths[i]].to(int).tolist(), record["turns"])
     table = pa.table(columns)
     metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
                 "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags)),
-                "ragen.describe_state": json.dumps(describe_state)}
+                "ragen.describe_state": json.dumps(describe_state), "ragen.per_move": json.dumps(per_move)}
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
 
 
@@ -140,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--describe-state", action="store_true",
                         help="the expert's thought first says where things are (the env's describe(); Sokoban: "
                              "the rows and columns of the player, box and target), then names its actions")
+    parser.add_argument("--per-move", action="store_true",
+                        help="one row per move (RAGEN V1's samples): the prompt as the model saw it that turn, then "
+                             "the expert's one-action reply; needs agent_proxy.max_actions_per_turn=1")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. agent_proxy.max_turn=3")
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 0:
@@ -159,12 +179,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not seeds:
             continue
         start = time.perf_counter()
-        table = expert_episodes(load_config(args.env, args.overrides), seeds, split, args.describe_state)
+        table = expert_episodes(load_config(args.env, args.overrides), seeds, split, args.describe_state,
+                                args.per_move)
         write_parquet(table, output / f"{split}.parquet")
-        success = np.mean(table.column("success").to_pylist())
+        episodes = {seed: ok for seed, ok in zip(table.column("seed").to_pylist(), table.column("success").to_pylist())}
         tokens = sum(len(ids) for ids in table.column("input_ids").to_pylist())
-        print(f"{output / f'{split}.parquet'}: {table.num_rows} episodes, {tokens} tokens, oracle success "
-              f"{success:.3f} ({time.perf_counter() - start:.1f} s)", flush=True)
+        rows = f"{table.num_rows} moves of {len(episodes)} episodes" if args.per_move else f"{table.num_rows} episodes"
+        print(f"{output / f'{split}.parquet'}: {rows}, {tokens} tokens, oracle success "
+              f"{np.mean(list(episodes.values())):.3f} ({time.perf_counter() - start:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

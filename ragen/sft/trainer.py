@@ -1,15 +1,18 @@
-"""LoRA fine-tuning on expert conversations: `bash sft/finetune_lora.sh sokoban 2 checkpoints/sft/sokoban`.
+"""Fine-tuning on expert conversations: `bash sft/finetune_lora.sh sokoban 2 checkpoints/sft/sokoban`.
 
-Launched with torchrun: every rank loads the model, wraps it in a PEFT LoRA adapter and shards it with
-FSDP2 (verl/utils/fsdp.py), exactly like the RL actor; each optimizer step takes `train_batch_size`
-conversations, split evenly over the ranks (data parallel; gloo on CPU, NCCL on GPUs). The loss is the
-negative log-likelihood of the reply tokens only (`loss_mask`, as in RL), averaged over all reply tokens
-of the step on all ranks together, so the update does not depend on the number of ranks.
+Launched with torchrun: every rank loads the model, wraps it in a PEFT LoRA adapter (or, with
+`lora.rank=0`, trains every weight) and shards it with FSDP2 (verl/utils/fsdp.py), exactly like the RL
+actor; each optimizer step takes `train_batch_size` conversations, split evenly over the ranks (data
+parallel; gloo on CPU, NCCL on GPUs). The loss is the negative log-likelihood of the reply tokens only
+(`loss_mask`, as in RL), averaged over all reply tokens of the step on all ranks together, so the update
+does not depend on the number of ranks.
 
-After every epoch the run evaluates on the test split (loss, and format / action accuracy of greedy
-replies to the test prompts) and writes the adapter to `trainer.default_local_dir` in PEFT's format;
-`sft/utils/merge_lora.py` merges it into a full model that `train.sh` takes as `model_path`. A killed run
-keeps the adapter of its last finished epoch.
+The run lasts `trainer.total_epochs` passes over the data, or `trainer.total_training_steps` steps when
+that is set. After every epoch (or every `trainer.test_freq` steps) and at the end it evaluates on the test
+split (loss, and format / action accuracy of greedy replies to the test prompts) and writes the model to
+`trainer.default_local_dir`: the adapter in PEFT's format (`sft/utils/merge_lora.py` merges it into a full
+model that `train.sh` takes as `model_path`), or with `lora.rank=0` the whole model as a safetensors folder
+that `model_path=` takes as it is. A killed run keeps what its last evaluation saved.
 """
 
 import json
@@ -37,7 +40,7 @@ from verl.single_controller import Worker
 from verl.trainer.config import ModelConfig, OptimConfig
 from verl.utils.fsdp import full_state_dict, reshard
 from verl.utils.lora import merge_lora, save_adapter
-from verl.utils.model import load_tokenizer, resolve_model_path
+from verl.utils.model import load_tokenizer, resolve_model_path, untied
 from verl.utils.tracking import Tracking
 from verl.workers.actor import load_policy, token_log_probs
 from verl.workers.ppo_update import make_optimizer, ppo_update
@@ -54,7 +57,7 @@ class SFTDataConfig:
 
 @dataclass
 class SFTLoraConfig:
-    rank: int = 64  # adapter rank (>= 1)
+    rank: int = 64  # adapter rank; 0: full fine-tuning (every weight trained, the whole model saved)
     alpha: int = 32  # the adapter's output is scaled by alpha / rank
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names, e.g. [q_proj, v_proj]
     dropout: float = 0.0
@@ -63,6 +66,8 @@ class SFTLoraConfig:
 @dataclass
 class SFTTrainerConfig:
     total_epochs: int = 1
+    total_training_steps: int = -1  # optimizer steps in all (epochs follow from it); -1: total_epochs passes
+    test_freq: int = -1  # evaluate and save every this many steps (and at the end); -1: after every epoch
     train_batch_size: int = 16  # conversations per optimizer step, over all ranks
     micro_batch_size_per_gpu: int = 2  # conversations per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
@@ -164,7 +169,8 @@ class SFTTrainer(Worker):
         if self.steps_per_epoch == 0:
             raise ConfigError(f"{len(self.train)} training conversations do not fill one batch of "
                               f"trainer.train_batch_size={cfg.trainer.train_batch_size}")
-        cfg.optim.total_training_steps = cfg.trainer.total_epochs * self.steps_per_epoch
+        cfg.optim.total_training_steps = cfg.trainer.total_training_steps if cfg.trainer.total_training_steps > 0 \
+            else cfg.trainer.total_epochs * self.steps_per_epoch
 
         self.model = load_policy(cfg.model, self.device, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
                                  target_modules=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout)
@@ -184,29 +190,31 @@ class SFTTrainer(Worker):
     def _fit(self) -> dict[str, float]:
         cfg = self.cfg.trainer
         per_rank = cfg.train_batch_size // self.world_size
-        step, metrics = 0, self.evaluate()
-        self._log(metrics, step)
-        for epoch in range(cfg.total_epochs):
-            order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train))  # same on every rank
-            for s in range(self.steps_per_epoch):
-                start = time.perf_counter()
-                batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
-                batch = collate(self.train, batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank],
-                                self.tokenizer.pad_token_id)
-                metrics = ppo_update(self.model, self.optimizer, batch, self._nll, lr_scheduler=self.lr_scheduler,
-                                     mini_batch_size=per_rank, micro_batch_size=cfg.micro_batch_size_per_gpu,
-                                     epochs=1, grad_clip=cfg.grad_clip, mask_key="loss_mask",
-                                     loss_agg_mode="token-mean", device=self.device, prefix="sft")
-                step += 1
-                seconds = time.perf_counter() - start
-                metrics |= {"perf/tokens_per_s": batch.batch["attention_mask"].sum().item() / seconds}
-                metrics = _mean_over_ranks(metrics, self.device)
-                metrics["perf/tokens_per_s"] *= self.world_size  # all ranks together
-                metrics |= {"sft/epoch": epoch + (s + 1) / self.steps_per_epoch, "timing_s/step": seconds}
-                if s == self.steps_per_epoch - 1:
-                    metrics |= self.evaluate()
-                self._log(metrics, step)
-            self.save(epoch + 1)
+        metrics = self.evaluate()
+        self._log(metrics, 0)
+        total, order = self.cfg.optim.total_training_steps, None
+        for step in range(1, total + 1):
+            epoch, s = divmod(step - 1, self.steps_per_epoch)
+            if s == 0:  # a new pass over the data, in an order that is the same on every rank
+                order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train))
+            start = time.perf_counter()
+            batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
+            batch = collate(self.train, batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank],
+                            self.tokenizer.pad_token_id)
+            metrics = ppo_update(self.model, self.optimizer, batch, self._nll, lr_scheduler=self.lr_scheduler,
+                                 mini_batch_size=per_rank, micro_batch_size=cfg.micro_batch_size_per_gpu,
+                                 epochs=1, grad_clip=cfg.grad_clip, mask_key="loss_mask",
+                                 loss_agg_mode="token-mean", device=self.device, prefix="sft")
+            seconds = time.perf_counter() - start
+            metrics |= {"perf/tokens_per_s": batch.batch["attention_mask"].sum().item() / seconds}
+            metrics = _mean_over_ranks(metrics, self.device)
+            metrics["perf/tokens_per_s"] *= self.world_size  # all ranks together
+            metrics |= {"sft/epoch": step / self.steps_per_epoch, "timing_s/step": seconds}
+            due = step % cfg.test_freq == 0 if cfg.test_freq > 0 else s == self.steps_per_epoch - 1
+            if due or step == total:
+                metrics |= self.evaluate()
+                self.save(step)
+            self._log(metrics, step)
         return metrics
 
     def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -235,9 +243,7 @@ class SFTTrainer(Worker):
                 totals[1] += batch["loss_mask"].sum().item()
         reshard(self.model)
         if self.generator is not None:
-            lora = self.cfg.lora
-            weights = merge_lora(full_state_dict(self.model), lora.alpha / lora.rank)  # a collective
-            self.generator.sync_weights(weights)
+            self.generator.sync_weights(self._weights())
             totals[2:] += self._score_replies().to(self.device)
         dist.all_reduce(totals)
         metrics = {"val/loss": float(totals[0] / max(totals[1], 1))}
@@ -269,23 +275,33 @@ class SFTTrainer(Worker):
                 counts += torch.tensor([1.0, parsed.format_ok, parsed.format_ok and parsed.actions == expert.actions])
         return counts
 
-    def save(self, epoch: int) -> None:
-        """The adapter (PEFT format), the tokenizer and the config in `default_local_dir`, each file replaced
-        whole, so the folder always holds one finished epoch's adapter."""
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """The weights the model computes with, under the base model's keys (a collective: every rank calls it)."""
+        weights, lora = full_state_dict(self.model), self.cfg.lora
+        return merge_lora(weights, lora.alpha / lora.rank) if lora.rank > 0 else weights
+
+    def save(self, step: int) -> None:
+        """The adapter (PEFT format) or, in full fine-tuning, the whole model (safetensors), with the tokenizer
+        and the config, in `default_local_dir`; each file is replaced whole, so the folder always holds one
+        finished evaluation's model."""
         weights = full_state_dict(self.model)  # a collective: every rank takes part, rank 0 writes
         if self.rank == 0:
             target = Path(self.cfg.trainer.default_local_dir)
             staging = target / ".staging"
             shutil.rmtree(staging, ignore_errors=True)
-            save_adapter(self.model, weights, staging)
+            if self.cfg.lora.rank > 0:
+                save_adapter(self.model, weights, staging)
+            else:
+                self.model.save_pretrained(staging, state_dict=untied(weights, self.model.config))
             self.tokenizer.save_pretrained(staging)
             OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
-            (staging / "sft_state.json").write_text(json.dumps({"epoch": epoch, "base_model": self.cfg.model.path}),
-                                                     encoding="utf-8")
+            state = {"step": step, "epoch": step / self.steps_per_epoch, "base_model": self.cfg.model.path}
+            (staging / "sft_state.json").write_text(json.dumps(state), encoding="utf-8")
             for file in staging.iterdir():
                 os.replace(file, target / file.name)
             staging.rmdir()
-            print(f"[sft] epoch {epoch}: adapter saved to {target}", flush=True)
+            what = "adapter" if self.cfg.lora.rank > 0 else "model (full fine-tuning)"
+            print(f"[sft] step {step}: {what} saved to {target}", flush=True)
         dist.barrier()
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
@@ -303,8 +319,11 @@ def _mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[st
 def _check_config(cfg: SFTConfig, world_size: int) -> None:
     t = cfg.trainer
     checks = [
-        (cfg.lora.rank >= 1, "lora.rank must be >= 1: this trainer fine-tunes LoRA adapters"),
+        (cfg.lora.rank >= 0, "lora.rank must be >= 1 (a LoRA adapter) or 0 (full fine-tuning)"),
         (t.total_epochs >= 1, "trainer.total_epochs must be >= 1"),
+        (t.total_training_steps == -1 or t.total_training_steps >= 1,
+         "trainer.total_training_steps must be >= 1, or -1 (total_epochs passes over the data)"),
+        (t.test_freq == -1 or t.test_freq >= 1, "trainer.test_freq must be >= 1, or -1 (after every epoch)"),
         (t.micro_batch_size_per_gpu >= 1, "trainer.micro_batch_size_per_gpu must be >= 1"),
         (t.train_batch_size % (world_size * t.micro_batch_size_per_gpu) == 0,
          f"trainer.train_batch_size={t.train_batch_size} must be a multiple of the ranks ({world_size}) x "

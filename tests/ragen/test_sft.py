@@ -97,6 +97,36 @@ def test_describe_state_puts_the_env_description_first_in_the_thought(bundled_mo
                         describe_state=True)
 
 
+@pytest.mark.parametrize("window", [-1, 1])
+def test_per_move_rows_are_the_prompts_the_model_saw(window, bundled_model_path, tokenizer):
+    overrides = ["agent_proxy.max_actions_per_turn=1", "agent_proxy.max_turn=10", f"agent_proxy.max_context_window={window}"]
+    rows = expert_episodes(load_config("sokoban", overrides), range(100, 104), "train", per_move=True).to_pylist()
+    episodes = {r["seed"]: r for r in expert_episodes(load_config("sokoban", overrides), range(100, 104), "train").to_pylist()}
+    for seed, episode in episodes.items():
+        moves = [r for r in rows if r["seed"] == seed]
+        turns = json.loads(episode["turns"])
+        assert len(moves) == len(turns) >= 3 and all(r["num_turns"] == 1 for r in moves)
+        spans = reply_spans(episode["loss_mask"])
+        for k, (move, (start, end)) in enumerate(zip(moves, spans)):
+            assert json.loads(move["turns"]) == [turns[k]]
+            (move_start, move_end), = reply_spans(move["loss_mask"])  # exactly one reply, at the end
+            assert move_end == len(move["input_ids"])
+            assert move["input_ids"][move_start:] == episode["input_ids"][start:end]  # the expert's one-action reply
+            assert len(parse_reply(turns[k]["response"], True, "||", 10).actions) == 1
+            prompt = move["input_ids"][:move_start]
+            if window < 0:  # the whole history: the episode up to this reply
+                assert prompt == episode["input_ids"][:start]
+            else:  # the system message, then this turn's state alone
+                system = len(os.path.commonprefix([moves[0]["input_ids"], moves[1]["input_ids"]]))
+                shown = tokenizer.decode(prompt[system:])
+                assert prompt[:system] == episode["input_ids"][:system]
+                assert prompt[system:] == episode["input_ids"][start - (len(prompt) - system):start]
+                assert f"Turn {k + 1}. State:" in shown and (k == 0 or f"Turn {k}. State:" not in shown)
+    with pytest.raises(ValueError, match="max_actions_per_turn=1"):
+        expert_episodes(load_config("sokoban", ["agent_proxy.max_actions_per_turn=2"]), range(0, 1), "train",
+                        per_move=True)
+
+
 @pytest.mark.parametrize("recipe", ["frozen_lake", "bandit", "countdown"])
 def test_every_recipe_with_an_oracle_gets_well_formed_data(recipe, bundled_model_path, tokenizer):
     rows = expert_episodes(load_config(recipe), range(0, 3), "test").to_pylist()
@@ -173,6 +203,22 @@ def test_sft_lowers_the_loss_and_saves_a_peft_adapter(one_rank_run):
     assert {"adapter_config.json", "adapter_model.safetensors", "sft_config.yaml", "tokenizer.json"} <= saved
     assert json.loads((save_path / "sft_state.json").read_text())["epoch"] == 2
     assert json.loads((save_path / "adapter_config.json").read_text())["r"] == 8
+
+
+def test_full_fine_tuning_saves_a_whole_model_every_test_freq_steps(sokoban_data, tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    metrics = finetune(sokoban_data, tiny_model_path, tmp_path, 1, "lora.rank=0", "trainer.total_training_steps=3",
+                       "trainer.test_freq=2", "optim.lr=1e-3")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]  # 3 steps: past the 2-step epoch, into the next
+    assert [("val/loss" in m) for m in metrics] == [True, False, True, True]  # every 2 steps and at the end
+    assert metrics[-1]["val/loss"] < metrics[0]["val/loss"]
+    assert json.loads((tmp_path / "sft_state.json").read_text())["step"] == 3
+    assert not (tmp_path / "adapter_config.json").exists()
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)  # loads as model_path= does
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    changed = [k for k, v in base.state_dict().items() if not torch.equal(v, trained.state_dict()[k])]
+    assert len(changed) == len(base.state_dict())  # every weight trained, not an adapter's few
 
 
 def test_two_ranks_on_gloo_match_one_rank(one_rank_run, sokoban_data, tiny_model_path, tmp_path):
