@@ -13,6 +13,21 @@ map and, for the same actions, the same slips. Pictures are drawn from tiles her
 
 `optimal_policy` solves a map by value iteration for the oracle baseline; `oracle_action` applies it to an
 env's current state.
+
+Observation formats (`FrozenLakeConfig.observation_format`, see utils.check_observation_format): "grid" is the
+grid alone; "grid_coord" writes the board size and coordinates above it, RAGEN-2's observation:
+    Board size: 4 rows x 4 cols (zero-indexed).
+    Start: (0, 0)
+    Goal: (3, 3)
+    Player: (0, 0)
+    Holes: (0, 2), (1, 3)
+    Grid:
+    P_O_
+    ...
+Coordinates are 0-based (row, col), several cells in row-major order. The lines name the map, not the symbols:
+Goal and Holes keep listing a cell the player stands on (drawn √ or X), and Start (drawn as ice) is listed
+though the grid does not show it. A map without holes has no Holes line. "coord" writes the same lines without
+the grid.
 """
 
 from dataclasses import dataclass
@@ -23,7 +38,10 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
-from ragen.envs.utils import check_cell_separator, choices_text, grid_space, grid_text, grid_to_rgb, step_info, tile
+from ragen.envs.utils import (
+    COORDINATES_NOTE, check_cell_separator, check_observation_format, choices_text, grid_space, grid_to_rgb,
+    observation_text, step_info, tile,
+)
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
 ACTION_WORDS = ["Left", "Down", "Right", "Up"]  # indexed by action id
@@ -48,13 +66,18 @@ TILES = {
 MAX_VALUE_ITERATIONS = 100_000  # a bound only; gamma < 1 makes value iteration converge long before
 VALUE_TOLERANCE = 1e-10
 
-INSTRUCTIONS = (
+TASK_TEXT = (
     "You are walking on a frozen lake. Goal: reach the goal without falling into a hole; falling in ends "
-    "the game. Moving into the edge of the lake leaves you where you are.\n"
-    f"Legend: {PLAYER} you, {FROZEN} frozen ice, {HOLE} hole, {GOAL} goal, {PLAYER_IN_HOLE} you fell into "
-    f"a hole, {PLAYER_ON_GOAL} you reached the goal.\n"
-    "Actions: Left, Down, Right, Up."
+    "the game. Moving into the edge of the lake leaves you where you are."
 )
+LEGEND_TEXT = (
+    f"Legend: {PLAYER} you, {FROZEN} frozen ice, {HOLE} hole, {GOAL} goal, {PLAYER_IN_HOLE} you fell into "
+    f"a hole, {PLAYER_ON_GOAL} you reached the goal."
+)
+ACTIONS_TEXT = "Actions: Left, Down, Right, Up."
+COORDINATES_TEXT = COORDINATES_NOTE + " Player is where you are; a map without holes has no Holes line."
+INSTRUCTIONS = "\n".join([TASK_TEXT, LEGEND_TEXT, ACTIONS_TEXT])
+COORDINATE_LABELS = ("Start", "Goal", "Player", "Holes")  # the coordinate lines, in the order written
 SLIPPERY_NOTE = (
     "\nThe ice is slippery: a move goes the way you chose only one time in three; otherwise you slide "
     "sideways, at a right angle to the left or to the right of it. You never slide backwards."
@@ -68,9 +91,11 @@ class FrozenLakeConfig:
     is_slippery: bool = True  # a move goes the intended way with probability 1/3, each side 1/3
     max_steps: int = 100  # valid actions before the episode is truncated
     cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
+    observation_format: str = "grid"  # "grid", "grid_coord" or "coord" (see the module docstring)
 
     def __post_init__(self) -> None:
         check_cell_separator(self.cell_separator)
+        check_observation_format(self.observation_format)
         if self.size < 2:
             raise ValueError(f"size={self.size} must be >= 2: the start and the goal need separate cells")
         if not 0.0 < self.p <= 1.0:
@@ -137,6 +162,13 @@ def optimal_policy(desc: list[str] | np.ndarray, is_slippery: bool, gamma: float
     return (expected_reward + gamma * continue_prob @ values).argmax(axis=1)
 
 
+def _instructions(observation_format: str, is_slippery: bool) -> str:
+    lines = {"grid": [TASK_TEXT, LEGEND_TEXT, ACTIONS_TEXT],
+             "grid_coord": [TASK_TEXT, LEGEND_TEXT, COORDINATES_TEXT, ACTIONS_TEXT],
+             "coord": [TASK_TEXT, COORDINATES_TEXT, ACTIONS_TEXT]}[observation_format]  # coord: no symbols to explain
+    return "\n".join(lines) + (SLIPPERY_NOTE if is_slippery else "")
+
+
 def oracle_action(env: "FrozenLakeEnv", gamma: float = 0.99) -> str:
     """The oracle's action word for the env's current state (policies are cached per map)."""
     rows = tuple("".join(row) for row in env.desc)
@@ -164,8 +196,8 @@ class FrozenLakeEnv(gymnasium.Env):
             raise ValueError(f"render_mode={render_mode!r} must be one of {self.metadata['render_modes']}")
         self.config = config
         self.render_mode = render_mode
-        self.instructions = INSTRUCTIONS + (SLIPPERY_NOTE if config.is_slippery else "")
-        self.observation_space = grid_space(config.size, config.size, LEGEND, config.cell_separator)
+        self.instructions = _instructions(config.observation_format, config.is_slippery)
+        self.observation_space = self._space(config.size, config.size)
         self.action_space = spaces.Text(max_length=16)
         self.lake: gym_frozen_lake.FrozenLakeEnv | None = None  # built by reset
         self.lake_rows: list[str] = []  # the map self.lake was built for
@@ -177,12 +209,11 @@ class FrozenLakeEnv(gymnasium.Env):
             raise ValueError(f"unknown reset options {sorted(set(options) - {'map'})}; the only option is 'map'")
         if "map" in options:
             self.desc = parse_map(options["map"])
-            self.observation_space = grid_space(*self.desc.shape, LEGEND, self.config.cell_separator)
         else:
             map_seed = int(self.np_random.integers(2**32))
             rows = gym_frozen_lake.generate_random_map(self.config.size, self.config.p, seed=map_seed)
             self.desc = _letters(rows)
-            self.observation_space = grid_space(self.config.size, self.config.size, LEGEND, self.config.cell_separator)
+        self.observation_space = self._space(*self.desc.shape)
         rows = ["".join(row) for row in self.desc]
         self.board = np.array([[LETTER_TO_SYMBOL[letter] for letter in row] for row in rows])  # (H, W)
         if self.lake is None or self.lake_rows != rows:  # building the transition table is most of a reset
@@ -221,8 +252,16 @@ class FrozenLakeEnv(gymnasium.Env):
         grid[self.position] = PLAYER_SYMBOL[self.desc[self.position]]
         return grid
 
+    def _space(self, height: int, width: int) -> spaces.Text:
+        return grid_space(height, width, LEGEND, self.config.cell_separator, self.config.observation_format,
+                          COORDINATE_LABELS)
+
     def _text(self) -> str:
-        return grid_text(self._symbols(), self.config.cell_separator)
+        player = np.zeros(self.desc.shape, dtype=bool)
+        player[self.position] = True
+        cells = {"Start": self.desc == START, "Goal": self.desc == GOAL_LETTER, "Player": player,
+                 "Holes": self.desc == HOLE_LETTER}
+        return observation_text(self.config.observation_format, self._symbols(), self.config.cell_separator, cells)
 
     def render(self) -> str | np.ndarray:
         if self.render_mode == "rgb_array":

@@ -16,6 +16,21 @@ Rewards follow gym-sokoban: -0.1 per step, +1 for pushing a box onto a target, -
 +10 when every box is on a target; the best one-box episode of n moves scores 10.9 - 0.1 * (n - 1).
 
 `solve` is the oracle: a breadth-first search for a shortest solution.
+
+Observation formats (`SokobanConfig.observation_format`, see utils.check_observation_format): "grid" is the grid
+alone; "grid_coord" writes the board size and coordinates above it, RAGEN-2's observation:
+    Board size: 6 rows x 6 cols (zero-indexed).
+    Targets: (4, 4)
+    Boxes: (3, 4)
+    Player: (4, 1)
+    Grid:
+    ######
+    ...
+Each coordinate line lists the cells of one grid symbol, 0-based (row, col) with the wall border counted, in
+row-major order: Targets (empty targets, O), Boxes (off target, X), Boxes on target (√), then Player (P) or
+Player on target (S). A symbol not on the board has no line, so the lines never disagree with the grid and
+their union places every object. "coord" writes the same lines without the grid, after an `Inner walls` line
+(the walls inside the border; the border is always wall and the instructions say so).
 """
 
 from collections import deque
@@ -26,7 +41,8 @@ import numpy as np
 from gymnasium import spaces
 
 from ragen.envs.utils import (
-    check_cell_separator, choices_text, grid_space, grid_text, grid_to_rgb, shortest_path, step_info, tile,
+    COORDINATES_NOTE, check_cell_separator, check_observation_format, choices_text, grid_space, grid_to_rgb,
+    observation_text, shortest_path, step_info, tile,
 )
 
 ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
@@ -40,6 +56,8 @@ SOLVED_REWARD = 10.0
 # Default symbols of the text state; SokobanConfig.symbols lists its own in this order.
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = "#", "_", "O", "√", "X", "P", "S"
 LEGEND = WALL + FLOOR + TARGET + BOX_ON_TARGET + BOX + PLAYER + PLAYER_ON_TARGET
+# the labels of the coordinate lines, in the order written ("Inner walls" in the "coord" format only)
+COORDINATE_LABELS = ("Inner walls", "Targets", "Boxes", "Boxes on target", "Player", "Player on target")
 
 # rgb_array colours
 WALL_RGB, FLOOR_RGB = (70, 70, 80), (225, 215, 190)
@@ -66,6 +84,7 @@ class SokobanConfig:
     # text symbols for: wall, floor, target, box on target, box, player, player on target
     symbols: str = LEGEND
     cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
+    observation_format: str = "grid"  # "grid", "grid_coord" or "coord" (see the module docstring)
 
     def __post_init__(self) -> None:
         for name in ("dim_x", "dim_y"):
@@ -89,6 +108,7 @@ class SokobanConfig:
                 f"box on target, box, player and player on target, in that order (the default is {LEGEND!r})"
             )
         check_cell_separator(self.cell_separator)
+        check_observation_format(self.observation_format)
 
 
 def carve_room(height: int, width: int, num_floor: int, rng: np.random.Generator) -> np.ndarray:
@@ -266,9 +286,15 @@ def solve_env(env: "SokobanEnv", max_states: int = MAX_SOLVER_STATES) -> list[st
 
 
 def parse_room(text: str, symbols: str = LEGEND) -> Level:
-    """Read a room written with `symbols` (see SokobanConfig) into (walls, targets, boxes) and the player."""
+    """Read a room written with `symbols` (see SokobanConfig) into (walls, targets, boxes) and the player.
+
+    The cells of a row may be space-separated; of a "grid_coord" observation only the grid after "Grid:" is read.
+    """
     wall, _, target, box_on_target, box, player, player_on_target = symbols
-    rows = [row.replace(" ", "") for row in text.strip("\n").split("\n")]  # cells may be space-separated
+    lines = text.strip("\n").split("\n")
+    if "Grid:" in lines:
+        lines = lines[lines.index("Grid:") + 1:]
+    rows = [row.replace(" ", "") for row in lines]
     if len({len(row) for row in rows}) != 1:
         raise ValueError("room rows must all have the same length")
     chars = np.array([list(row) for row in rows])
@@ -292,15 +318,20 @@ def parse_room(text: str, symbols: str = LEGEND) -> Level:
     return walls, targets, boxes, (int(players[0][0]), int(players[0][1]))
 
 
-def _instructions(symbols: str) -> str:
+def _instructions(symbols: str, observation_format: str = "grid") -> str:
     wall, floor, target, box_on_target, box, player, player_on_target = symbols
-    return (
-        "You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
-        "boxes cannot be pulled, and a box against a wall or another box does not move.\n"
-        f"Legend: {wall} wall, {floor} floor, {target} target, {box} box, {box_on_target} box on target, "
-        f"{player} player, {player_on_target} player on target.\n"
-        f"Actions: {', '.join(ACTIONS)}."
-    )
+    task = ("You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
+            "boxes cannot be pulled, and a box against a wall or another box does not move.\n")
+    legend = (f"Legend: {wall} wall, {floor} floor, {target} target, {box} box, {box_on_target} box on target, "
+              f"{player} player, {player_on_target} player on target.\n")
+    actions = f"Actions: {', '.join(ACTIONS)}."
+    if observation_format == "grid":
+        return task + legend + actions
+    coordinates = (f"{COORDINATES_NOTE} Targets lists the targets with nothing on them; a line with no cells is "
+                   "left out.\n")
+    if observation_format == "coord":  # no grid, so no symbols to explain
+        return task + coordinates + "The border of the board is wall; Inner walls lists the other walls.\n" + actions
+    return task + legend + coordinates + actions
 
 
 def _tiles(symbols: str) -> dict[str, np.ndarray]:
@@ -334,9 +365,9 @@ class SokobanEnv(gymnasium.Env):
             raise ValueError(f"render_mode={render_mode!r} must be one of {self.metadata['render_modes']}")
         self.config = config
         self.render_mode = render_mode
-        self.instructions = _instructions(config.symbols)
+        self.instructions = _instructions(config.symbols, config.observation_format)
         self.tiles = _tiles(config.symbols)
-        self.observation_space = grid_space(config.dim_y, config.dim_x, config.symbols, config.cell_separator)
+        self.observation_space = self._space(config.dim_y, config.dim_x)
         self.action_space = spaces.Text(max_length=16)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -348,8 +379,7 @@ class SokobanEnv(gymnasium.Env):
             self.walls, self.targets, self.boxes, self.player = parse_room(options["room"], self.config.symbols)
         else:
             self.walls, self.targets, self.boxes, self.player = generate_level(self.config, self.np_random)
-        # a loaded room sets its own size
-        self.observation_space = grid_space(*self.walls.shape, self.config.symbols, self.config.cell_separator)
+        self.observation_space = self._space(*self.walls.shape)  # a loaded room sets its own size
         self.num_steps = 0
         return self._text(), {}
 
@@ -408,8 +438,21 @@ class SokobanEnv(gymnasium.Env):
         grid[self.player] = player_on_target if self.targets[self.player] else player
         return grid
 
+    def _space(self, height: int, width: int) -> spaces.Text:
+        return grid_space(height, width, self.config.symbols, self.config.cell_separator,
+                          self.config.observation_format, COORDINATE_LABELS)
+
     def _text(self) -> str:
-        return grid_text(self._symbol_grid(), self.config.cell_separator)
+        _, _, target, box_on_target, box, player, player_on_target = self.config.symbols
+        grid = self._symbol_grid()
+        # one line per symbol, read off the grid itself: the lines cannot disagree with it
+        cells = {"Targets": grid == target, "Boxes": grid == box, "Boxes on target": grid == box_on_target,
+                 "Player": grid == player, "Player on target": grid == player_on_target}
+        if self.config.observation_format == "coord":  # no grid to show the walls
+            inner_walls = self.walls.copy()
+            inner_walls[[0, -1], :] = inner_walls[:, [0, -1]] = False
+            cells = {"Inner walls": inner_walls, **cells}
+        return observation_text(self.config.observation_format, grid, self.config.cell_separator, cells)
 
     def render(self) -> str | np.ndarray:
         """The text state ("ansi"), or a (H * TILE, W * TILE, 3) uint8 picture ("rgb_array")."""

@@ -1,4 +1,5 @@
-"""Pieces every grid environment shares: the step `info`, tile pictures for `rgb_array`, a shortest-path search."""
+"""Pieces every grid environment shares: the step `info`, the text state in its observation formats, tile pictures
+for `rgb_array`, a shortest-path search."""
 
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -38,11 +39,69 @@ def grid_text(grid: np.ndarray, separator: str) -> str:
     return "\n".join(separator.join(row) for row in grid)
 
 
-def grid_space(height: int, width: int, symbols: str, separator: str = "") -> spaces.Text:
+OBSERVATION_FORMATS = ("grid", "grid_coord", "coord")
+COORDINATES_NOTE = (
+    "Coordinates are zero-indexed (row, column) counted from the top-left corner: Up is row - 1, Down row + 1, "
+    "Left column - 1, Right column + 1."
+)
+
+
+def check_observation_format(observation_format: str) -> None:
+    """A grid env's `observation_format`: "grid" (the grid alone), "grid_coord" (the board size and each kind of
+    cell's coordinates, then the grid; RAGEN-2's observation) or "coord" (coordinates alone). SmolLM2's tokenizer
+    merges runs of cells ("____"), so a small model finds a symbol's row and column more easily when it is
+    written out."""
+    if observation_format not in OBSERVATION_FORMATS:
+        raise ValueError(
+            f"observation_format={observation_format!r} must be one of {', '.join(map(repr, OBSERVATION_FORMATS))}: "
+            "'grid' (the grid alone), 'grid_coord' (coordinates, then the grid) or 'coord' (coordinates alone)"
+        )
+
+
+def board_header(height: int, width: int) -> str:
+    return f"Board size: {height} rows x {width} cols (zero-indexed)."
+
+
+def coordinates_text(label: str, cells: np.ndarray) -> str:
+    """"Boxes: (2, 3), (3, 4)": the True cells of a (H, W) boolean mask as (row, col) pairs, in row-major order."""
+    return f"{label}: " + ", ".join(f"({row}, {col})" for row, col in np.argwhere(cells).tolist())
+
+
+def observation_text(observation_format: str, grid: np.ndarray, separator: str, cells: dict[str, np.ndarray]) -> str:
+    """The text state of a (H, W) grid of symbols in `observation_format` (see check_observation_format).
+
+    `cells` maps each coordinate line's label to a (H, W) boolean mask, in the order the lines are written; a
+    label with no cells gets no line. The grid alone is `grid_text`, byte for byte.
+    """
+    if observation_format == "grid":
+        return grid_text(grid, separator)
+    lines = [board_header(*grid.shape)]
+    lines += [coordinates_text(label, mask) for label, mask in cells.items() if mask.any()]
+    if observation_format == "grid_coord":
+        lines += ["Grid:", grid_text(grid, separator)]
+    return "\n".join(lines)
+
+
+def grid_space(
+    height: int,
+    width: int,
+    symbols: str,
+    separator: str = "",
+    observation_format: str = "grid",
+    labels: tuple[str, ...] = (),
+) -> spaces.Text:
     """The observation space of a (height, width) grid drawn with `symbols`, one line per row, cells joined by
-    `separator`."""
+    `separator`, in `observation_format` with coordinate lines named by `labels` (see `observation_text`)."""
     row_length = width + (width - 1) * len(separator)
-    return spaces.Text(max_length=(row_length + 1) * height, charset=symbols + separator + "\n")
+    grid_length = (row_length + 1) * height
+    if observation_format == "grid":
+        return spaces.Text(max_length=grid_length, charset=symbols + separator + "\n")
+    header = board_header(height, width)
+    cell_length = len(f"({height - 1}, {width - 1}), ")
+    # a bound, not the exact maximum: every label listing every cell
+    coordinates_length = len(header) + sum(len(label) + 3 + height * width * cell_length for label in labels)
+    charset = set(symbols + separator + "\n" + header + "".join(labels) + "0123456789(), :Grid")
+    return spaces.Text(max_length=coordinates_length + len("Grid:\n") + grid_length, charset="".join(sorted(charset)))
 
 
 def tile(background: tuple[int, int, int], shape: str = "full", color: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
