@@ -83,7 +83,8 @@ class AgentProxy:
                 record["token_pieces"] = trajectory_pieces
         batch = self.context.to_batch(trajectories, [s.group_id for s in states], [s.tag for s in states])
         batch = batch.union(DataProto(non_tensor_batch={"env_failed": np.array([s.error is not None for s in states])}))
-        return Rollout(batch, rollout_metrics(states, trajectories, batch, self.split), records)
+        metrics = rollout_metrics(states, trajectories, batch, self.split) | self.env_manager.end_rollout()
+        return Rollout(batch, metrics, records)
 
     def _check_first_prompts(self, states: list[EnvState], trajectories: list[Trajectory]) -> None:
         for state in states:
@@ -98,7 +99,7 @@ class AgentProxy:
 
 def trajectory_record(state: EnvState, step: int, split: str) -> dict:
     return {"step": step, "split": split, "env_id": state.env_id, "group_id": state.group_id, "tag": state.tag,
-            "seed": state.seed, "turns": []}
+            "seed": state.seed, "curriculum_level": state.level, "turns": []}
 
 
 def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batch: DataProto,

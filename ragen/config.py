@@ -6,6 +6,7 @@ and each environment's YAML builds on `base`. Hydra rejects unknown keys and wro
 """
 
 import math
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +37,26 @@ class EnvMixConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    """Level difficulty that changes during training (ragen/curriculum.py); `es_manager.train` only."""
+
+    type: str = "none"  # none | schedule (E2H Gaussian over levels by step) | adaptive (follows training success)
+    key: str = "search_depth"  # int field of every training tag's env_config that a level sets (overriding it)
+    levels: list[int] = field(default_factory=list)  # values of `key` from easy to hard, e.g. [5, 10, 20, 30]
+    steps: int = "${trainer.total_training_steps}"  # schedule: T, the step from which the hardest level is likeliest
+    mu_exp: float = 0.5  # schedule: the Gaussian's centre is (step / steps) ** mu_exp * (len(levels) - 1)
+    sigma: float = 0.5  # schedule: its width in levels; a small one fades the easy levels out sooner
+    window: int = 5  # adaptive: steps at a level whose mean success may move it
+    target_success_high: float = 0.6  # adaptive: one level harder when the window's mean success is above this
+    target_success_low: float = 0.2  # adaptive: one level easier when it is below this
+
+
+@dataclass
 class EnvGroupsConfig:
     env_groups: int = 8  # distinct start states (seeds) per batch
     group_size: int = 16  # trajectories per start state (GRPO compares within a group)
     env_configs: EnvMixConfig = field(default_factory=EnvMixConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # training only: validation stays fixed
 
 
 @dataclass
@@ -132,6 +149,7 @@ def validate(cfg: RagenConfig, world_size: int) -> None:
     _validate_algorithm(cfg)
     _validate_batch_sizes(cfg, world_size)
     _validate_envs(cfg)
+    _validate_curriculum(cfg)
     _validate_env_failures(cfg)
     _validate_watchdog(cfg)
 
@@ -366,6 +384,46 @@ def _validate_envs(cfg: RagenConfig) -> None:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:
             raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e
+
+
+def _validate_curriculum(cfg: RagenConfig) -> None:
+    """The training curriculum (ragen/curriculum.py): every level must make a valid env of every training tag."""
+    from ragen.curriculum import CURRICULA  # it imports this module
+
+    curriculum, key = cfg.es_manager.train.curriculum, "es_manager.train.curriculum"
+    _check(cfg.es_manager.val.curriculum.type == "none", "es_manager.val.curriculum.type must be none: validation "
+           "plays the same start states every time so that its curves compare; set es_manager.train.curriculum")
+    _check(curriculum.type in ("none", *CURRICULA),
+           f"{key}.type={curriculum.type!r}: choose one of {['none', *CURRICULA]}")
+    if curriculum.type == "none":
+        return
+    levels = list(curriculum.levels)
+    _check(len(levels) > 0, f"{key}.levels is empty: give the values of {key}.key={curriculum.key!r} from easy to "
+                            "hard, e.g. [5,10,20,30]")
+    _check(len(set(levels)) == len(levels), f"{key}.levels={levels}: each value may appear once")
+    for tag in cfg.es_manager.train.env_configs.tags:
+        spec = cfg.custom_envs[tag]
+        fields = typing.get_type_hints(ENV_REGISTRY[spec.env_type][1])
+        _check(fields.get(curriculum.key) is int,
+               f"{key}.key={curriculum.key!r} is not an int field of the {spec.env_type} config of training tag "
+               f"{tag!r}: choose one of {sorted(name for name, kind in fields.items() if kind is int)}")
+        for level in levels:
+            try:
+                check_env_config(spec.env_type, dict(spec.env_config) | {curriculum.key: level})
+            except ValueError as e:
+                raise ConfigError(f"{key}.levels: {curriculum.key}={level!r} is not valid for training tag "
+                                  f"{tag!r}: {e}") from e
+    if curriculum.type == "schedule":
+        _check(curriculum.steps >= 1, f"{key}.steps must be >= 1 (the step from which the hardest level is likeliest)")
+        _check(math.isfinite(curriculum.sigma) and curriculum.sigma > 0, f"{key}.sigma must be finite and > 0 (the "
+               "Gaussian's width in levels, e.g. 0.5)")
+        _check(math.isfinite(curriculum.mu_exp) and curriculum.mu_exp > 0, f"{key}.mu_exp must be finite and > 0 "
+               "(1: the centre moves linearly; < 1: it leaves the easy levels sooner)")
+    if curriculum.type == "adaptive":
+        _check(curriculum.window >= 1, f"{key}.window must be >= 1 (steps at a level before it may change)")
+        _check(0 <= curriculum.target_success_low < curriculum.target_success_high <= 1,
+               f"{key}: need 0 <= target_success_low < target_success_high <= 1, got "
+               f"{curriculum.target_success_low} and {curriculum.target_success_high}")
 
 
 def _validate_env_failures(cfg: RagenConfig) -> None:

@@ -9,6 +9,11 @@ group whose risky pulls all pay 0 teaches "safe" to every risky pull at once), a
 the wrong way far more often. Each environment has a step budget (`max_actions_per_traj`) over all of its
 turns.
 
+With a curriculum (`es_manager.train.curriculum`, ragen/curriculum.py) each group's start state is generated at
+the level the curriculum picks for it (a value of one env-config field, e.g. Sokoban's `search_depth`): an
+environment whose level changes gets a fresh instance built with that value, so a group still shares its seed,
+its level and so its start state. The level is kept on the state, and `end_rollout` feeds the outcomes back.
+
 An invalid action (an answer the environment does not understand: `info["action_is_valid"]` False) changes
 nothing, by the environment contract, and is not charged to the budget; it is recorded, and the agent
 proxy adds `es_manager.format_penalty` to the turn (RAGEN's rule), so that nonsense never beats play.
@@ -29,6 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from ragen.config import CustomEnvConfig, EnvGroupsConfig
+from ragen.curriculum import curriculum_metrics, make_curriculum
 from ragen.envs import make_env
 
 
@@ -48,6 +54,7 @@ class EnvState:
     seed: int
     env: gym.Env
     max_actions: int
+    level: int | None = None  # the curriculum's value of its key for this start state; None without a curriculum
     obs: str = ""
     actions_taken: int = 0
     done: bool = False
@@ -73,14 +80,14 @@ class EnvStateManager:
         self.config, self.seed, self.custom_envs = config, seed, custom_envs
         self.env_step_timeout_s, self.max_env_failure_share = env_step_timeout_s, max_env_failure_share
         self.states: list[EnvState] = []
+        self.curriculum = make_curriculum(config.curriculum)  # None without one
         mix = config.env_configs
         tags = [tag for tag, n in zip(mix.tags, mix.groups_per_tag(config.env_groups)) for _ in range(n)]
         for group_id, tag in enumerate(tags):
-            spec = custom_envs[tag]
             for _ in range(config.group_size):
-                env = make_env(spec.env_type, dict(spec.env_config))
                 self.states.append(EnvState(env_id=len(self.states), group_id=group_id, tag=tag, seed=-1,
-                                            env=env, max_actions=spec.max_actions_per_traj))
+                                            env=self._make_env(tag, None),
+                                            max_actions=custom_envs[tag].max_actions_per_traj))
 
     def env_per_tag(self) -> dict[str, gym.Env]:
         """One environment of each tag, for what all of a tag share: instructions, example action."""
@@ -88,13 +95,35 @@ class EnvStateManager:
 
     def reset(self, step: int) -> list[EnvState]:
         """Fresh start states for training step `step`; seeds never repeat across steps."""
+        group_seeds = [self.seed + step * self.config.env_groups + group for group in range(self.config.env_groups)]
+        levels = self.curriculum.levels(step, group_seeds) if self.curriculum is not None else None
         for state in self.states:
-            state.seed = self.seed + step * self.config.env_groups + state.group_id
+            state.seed = group_seeds[state.group_id]
+            level = levels[state.group_id] if levels is not None else None
+            if level != state.level:
+                state.env, state.level = self._make_env(state.tag, level), level
             state.obs, _ = state.env.reset(seed=state.seed)
             reseed(state.env, [state.seed, state.env_id % self.config.group_size])
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
             state.context_truncated, state.error = False, None
         return self.states
+
+    def end_rollout(self) -> dict[str, float]:
+        """Feed the rollout's outcomes (each trajectory's level and success) to the curriculum and return its
+        metrics (`curriculum/level_mean`, `curriculum/success@<value>`); nothing without a curriculum."""
+        if self.curriculum is None:
+            return {}
+        levels, successes = [s.level for s in self.states], [s.success for s in self.states]
+        self.curriculum.observe(levels, successes)
+        return curriculum_metrics(levels, successes)
+
+    def _make_env(self, tag: str, level: int | None) -> gym.Env:
+        """An env of `tag`, with the curriculum's key set to `level` (None: the tag's own env_config)."""
+        spec = self.custom_envs[tag]
+        env_config = dict(spec.env_config)
+        if level is not None:
+            env_config[self.config.curriculum.key] = level
+        return make_env(spec.env_type, env_config)
 
     def step(self, env_id: int, actions: list[str]) -> TurnRecord:
         """Run one turn's actions in order until the episode ends or the step budget is spent."""
@@ -136,8 +165,7 @@ class EnvStateManager:
         print(f"[ragen] env {state.env_id} ({state.tag!r}, seed {state.seed}) failed on action {action!r} and "
               f"ends its trajectory: {state.error}", flush=True)
         # An exception may leave the instance half-updated, and a hung step's thread still holds it
-        spec = self.custom_envs[state.tag]
-        state.env = make_env(spec.env_type, dict(spec.env_config))
+        state.env = self._make_env(state.tag, state.level)
         failed = [s for s in self.states if s.error is not None]
         if len(failed) > self.max_env_failure_share * len(self.states):
             first = failed[0]

@@ -90,7 +90,8 @@ def make_trainer(cfg: RagenConfig, ranks: int, tracker: Tracking, run_config: di
     return PPOTrainer(cfg.trainer, cfg.algorithm, cfg.actor_rollout_ref.rollout, actor_rollout_wg, critic_wg, agent,
                       tracker, val_agent, use_reference=use_reference, samples_multiple=int(mini_batch),
                       on_policy_batch=actor.ppo_mini_batch_size if actor.ppo_epochs == 1 else 0,
-                      on_records=trajectory_pages(cfg), run_config=run_config)
+                      on_records=trajectory_pages(cfg), run_config=run_config,
+                      curriculum=agent.env_manager.curriculum)
 
 
 def trajectory_pages(cfg: RagenConfig):

@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from ragen.config import CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
+from ragen.config import CurriculumConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
 from ragen.env_state_manager import EnvFailureError, EnvStateManager, call_with_timeout
 
 SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=3, env_config={"dim_x": 6, "dim_y": 6})
@@ -120,3 +120,53 @@ def test_a_group_shares_its_start_but_not_its_luck():
     draws = [payouts(step) for step in range(1, 41)]
     assert sum(len(set(d)) > 1 for d in draws) > 20  # P(8 equal draws) = 0.25^8 + 0.75^8 ~ 0.1
     assert draws == [payouts(step) for step in range(1, 41)]
+
+
+def curriculum_manager(curriculum: CurriculumConfig, groups=4, size=2, seed=100) -> EnvStateManager:
+    mix = EnvMixConfig(tags=["Sokoban"], n_groups=[groups])
+    return EnvStateManager(EnvGroupsConfig(env_groups=groups, group_size=size, env_configs=mix,
+                                           curriculum=curriculum), {"Sokoban": SOKOBAN}, seed=seed)
+
+
+def test_a_curriculum_level_sets_the_env_config_for_the_reset_and_is_recorded():
+    shallow = curriculum_manager(CurriculumConfig(type="adaptive", levels=[5, 30])).reset(step=1)
+    deep = curriculum_manager(CurriculumConfig(type="adaptive", levels=[30, 5])).reset(step=1)
+    plain = curriculum_manager(CurriculumConfig()).reset(step=1)  # none: SokobanConfig's own search_depth, 30
+    assert [s.level for s in shallow] == [5] * 8 and [s.level for s in deep] == [30] * 8
+    assert {s.env.unwrapped.config.search_depth for s in shallow} == {5}
+    assert {s.env.unwrapped.config.search_depth for s in deep} == {30}
+    assert [s.seed for s in shallow] == [s.seed for s in deep]
+    assert [s.obs for s in shallow] != [s.obs for s in deep]  # same seeds, other depth: other levels
+    assert [s.obs for s in deep] == [s.obs for s in plain] and plain[0].level is None
+
+
+def test_schedule_levels_are_shared_by_a_group_and_replayed_by_a_new_manager():
+    config = CurriculumConfig(type="schedule", levels=[3, 5, 10, 30], steps=10, sigma=1.0)
+    em = curriculum_manager(config, groups=8)
+    states = em.reset(step=5)
+    levels = [s.level for s in states]
+    assert len(set(levels)) > 1  # sigma 1 over 4 levels at mid-run: a mix
+    for a, b in zip(states[::2], states[1::2]):
+        assert a.level == b.level and a.obs == b.obs and a.env.unwrapped.config.search_depth == a.level
+    again = curriculum_manager(config, groups=8).reset(step=5)
+    assert [s.level for s in again] == levels and [s.obs for s in again] == [s.obs for s in states]
+
+
+def test_an_env_is_rebuilt_only_when_its_level_changes_and_a_failure_keeps_the_level():
+    em = curriculum_manager(CurriculumConfig(type="adaptive", levels=[5, 10], window=1))
+    env = em.reset(step=1)[0].env
+    assert em.reset(step=2)[0].env is env  # same level: the same instance
+    for state in em.states:
+        state.success = True
+    assert em.end_rollout() == {"curriculum/level_mean": 5.0, "curriculum/success@5": 1.0}
+    state = em.reset(step=3)[0]
+    assert state.level == 10 and state.env is not env and state.env.unwrapped.config.search_depth == 10
+    state.env.step = raise_on_step
+    em.step(0, ["Up"])
+    assert state.error and state.env.unwrapped.config.search_depth == 10
+
+
+def test_end_rollout_without_a_curriculum_reports_nothing():
+    em = manager()
+    em.reset(step=1)
+    assert em.end_rollout() == {} and em.curriculum is None

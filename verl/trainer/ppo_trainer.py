@@ -41,7 +41,7 @@ class PPOTrainer:
                  actor_rollout_wg, critic_wg, agent: RolloutProducer, tracker: Tracking,
                  val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1,
                  on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None, *,
-                 run_config: dict):
+                 run_config: dict, curriculum=None):
         """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
         many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps.
         `on_policy_batch`: a batch of at most this many trajectories is one actor step on the policy that
@@ -49,13 +49,15 @@ class PPOTrainer:
         computes them (TRL and veRL skip it too); 0 computes them always.
         `on_records(records, split, step)` sees every rollout's records once saved (the HTML browser).
         `run_config`: the run's whole resolved config, written into every checkpoint so that a resume can tell
-        what changed (`checkpoint.check_resume`)."""
+        what changed (`checkpoint.check_resume`). `curriculum`: the training envs' curriculum (ragen/curriculum.py),
+        whose `state_dict()` goes into every checkpoint and comes back with `load_state_dict`; None without one."""
         self.config, self.algorithm, self.rollout_config = config, algorithm, rollout_config
         self.run_config = run_config
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
         self.agent, self.val_agent = agent, val_agent
         self.tracker, self.use_reference, self.samples_multiple = tracker, use_reference, samples_multiple
         self.on_records, self.on_policy_batch = on_records, on_policy_batch
+        self.curriculum = curriculum
         self.watchdog = Watchdog(config.watchdog, config.default_local_dir)
         self.rollbacks = 0  # watchdog rollbacks so far: each one shifts the training seeds (`reseed`)
         ctrl = algorithm.kl_ctrl
@@ -266,6 +268,8 @@ class PPOTrainer:
                  "kl_ctrl": {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef},
                  "healthy": self.watchdog.healthy(), "rollbacks": self.rollbacks,
                  "watchdog_streaks": self.watchdog.streaks}
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
         path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep,
                                  resumable=self.config.resumable_checkpoints)
         print(f"saved checkpoint {path}", flush=True)
@@ -285,8 +289,8 @@ class PPOTrainer:
 
     def load(self, path: Path, set_aside_as: str | None = None) -> int:
         """Restore a checkpoint: weights, optimizer and RNG states, the KL controller, the watchdog's rollback
-        count (which sets the training seeds) and rule streaks; metrics logged after its step are dropped, or
-        with `set_aside_as` (a rollback) moved to metrics.rolled_back.jsonl."""
+        count (which sets the training seeds), rule streaks and the curriculum's state; metrics logged after its
+        step are dropped, or with `set_aside_as` (a rollback) moved to metrics.rolled_back.jsonl."""
         state = checkpoint.read_trainer_state(path)
         checkpoint.set_driver_rng_state(state["rng"])
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
@@ -301,6 +305,8 @@ class PPOTrainer:
         if rollbacks:
             self.set_rollbacks(rollbacks)
         self.watchdog.restore(state.get("watchdog_streaks", {}))
+        if self.curriculum is not None and "curriculum" in state:  # absent: saved by a run without one
+            self.curriculum.load_state_dict(state["curriculum"])
         self.tracker.truncate(after_step=state["step"], set_aside_as=set_aside_as)  # else logged twice
         return state["step"]
 
