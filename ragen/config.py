@@ -284,8 +284,6 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
     one_of("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, algos.LOSS_AGG_MODES)
     one_of("agent_proxy.reward_normalization.grouping", norm.grouping, ("state", "batch", "inductive"))
     one_of("agent_proxy.reward_normalization.method", norm.method, algos.REWARD_NORMALIZERS)
-    one_of("actor_rollout_ref.rollout.rollout_filter_type", rollout.rollout_filter_type, ("std", "std_rev"))
-    one_of("actor_rollout_ref.rollout.rollout_filter_strategy", rollout.rollout_filter_strategy, ("top_k", "top_p"))
     estimator = algos.ADV_ESTIMATORS[algo.adv_estimator]
     for name in ("gamma", "lam", "high_level_gamma"):
         _check(0 <= getattr(algo, name) <= 1, f"algorithm.{name} must be in [0, 1]")
@@ -324,15 +322,43 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
     _check(norm.grouping != "state" or norm.method == "identity" or group_size >= 2,
            "agent_proxy.reward_normalization.grouping=state with es_manager.train.group_size=1 normalises every "
            "reward to 0: use grouping=batch or a group_size >= 2")
-    _check(0 < rollout.rollout_filter_ratio <= 1, "actor_rollout_ref.rollout.rollout_filter_ratio must be in (0, 1]")
-    _check(rollout.rollout_filter_ratio == 1 or group_size >= 2,
-           "the variance filter ranks groups by their reward std, which needs es_manager.train.group_size >= 2: "
-           "set actor_rollout_ref.rollout.rollout_filter_ratio=1 to turn it off")
+    _validate_rollout_filter(cfg)
+
+
+def _validate_rollout_filter(cfg: RagenConfig) -> None:
+    """The rollout filter's names and values (verl/trainer/core_algos.py, `select_groups`)."""
+    from verl.trainer import core_algos as algos
+
+    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
+    for name, choices in (("rollout_filter_strategy", algos.FILTER_STRATEGIES),
+                          ("rollout_filter_metric", algos.FILTER_METRICS),
+                          ("rollout_filter_top_p_prob_mode", algos.TOP_P_PROB_MODES)):
+        setting = getattr(rollout, name)
+        _check(setting in choices, f"{key}.{name}={setting!r}: choose one of {sorted(choices)}")
+    _check(rollout.rollout_filter_type in ("largest", "smallest"), f"{key}.rollout_filter_type="
+           f"{rollout.rollout_filter_type!r}: choose largest or smallest (RAGEN's std is largest, std_rev smallest, "
+           "both with rollout_filter_metric=reward_variance)")
+    allowed = {"top_p": (0 < value, "> 0 (the share of the summed score; >= 1 keeps every group)"),
+               "top_k": (0 < value <= 1, "in (0, 1] (the fraction of the groups; 1 keeps every group)"),
+               "top_k_abs": (value >= 1 and float(value).is_integer(), "a whole number >= 1 (the number of groups)"),
+               "min_p": (0 < value <= 1, "in (0, 1] (the fraction of the best score)")}
+    ok, what = allowed[strategy]
+    _check(math.isfinite(value) and ok, f"{key}.rollout_filter_value={value} with rollout_filter_strategy={strategy} "
+                                        f"must be {what}")
+    _check(rollout.rollout_filter_empty_stop_steps >= 0,
+           f"{key}.rollout_filter_empty_stop_steps must be >= 1, or 0 to never stop on steps with nothing kept")
+    keeps_all = rollout.rollout_filter_include_zero and strategy in ("top_p", "top_k") and value >= 1
+    ranks_by_std = rollout.rollout_filter_metric in ("reward_variance", "reward_std")
+    _check(keeps_all or not ranks_by_std or cfg.es_manager.train.group_size >= 2,
+           f"{key}.rollout_filter_metric={rollout.rollout_filter_metric} is the reward std within a group, which "
+           f"needs es_manager.train.group_size >= 2: set {key}.rollout_filter_value=1 (strategy top_k or top_p, "
+           "include_zero true) to turn the filter off")
 
 
 def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
     """The rollout batch is filtered, then split into ranks, mini-batches and micro-batches."""
-    from verl.trainer.core_algos import ADV_ESTIMATORS
+    from verl.trainer.core_algos import ADV_ESTIMATORS, top_k_count
 
     train, rollout = cfg.es_manager.train, cfg.actor_rollout_ref.rollout
     _check(train.env_groups >= 1 and train.group_size >= 1, "es_manager.train.env_groups and group_size must be >= 1")
@@ -342,7 +368,13 @@ def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
     trainers = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
     if ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic:
         trainers.append(("critic", cfg.critic))
-    kept_groups = math.ceil(rollout.rollout_filter_ratio * train.env_groups - 1e-9)
+    strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
+    if strategy == "top_k":
+        kept_groups = top_k_count(value, train.env_groups)
+    elif strategy == "top_k_abs":
+        kept_groups = min(int(value), train.env_groups)
+    else:  # top_p's and min_p's count varies from step to step: select_groups rounds it to whole mini-batches
+        kept_groups = None
     for key, trainer in trainers:
         mini, micro = trainer.ppo_mini_batch_size, trainer.ppo_micro_batch_size_per_gpu
         _check(mini >= 1 and micro >= 1 and trainer.ppo_epochs >= 1,
@@ -354,12 +386,12 @@ def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
         batch_size = train.env_groups * train.group_size
         _check(batch_size % mini == 0, f"es_manager.train.env_groups * group_size = {batch_size} is not divisible "
                f"by {key}.ppo_mini_batch_size = {mini}")
-        if rollout.rollout_filter_strategy == "top_k":  # top_p's count varies: it is rounded up to mini-batches
+        if kept_groups is not None:
             kept = kept_groups * train.group_size
-            _check(kept % mini == 0, f"the variance filter keeps ceil(actor_rollout_ref.rollout.rollout_filter_ratio"
-                   f" * es_manager.train.env_groups) = {kept_groups} groups = {kept} trajectories, which must be a "
-                   f"non-zero multiple of {key}.ppo_mini_batch_size = {mini}: change one of them "
-                   "(rollout_filter_ratio=1 turns the filter off)")
+            _check(kept % mini == 0, f"the rollout filter ({strategy} {value:g} of es_manager.train.env_groups = "
+                   f"{train.env_groups}) keeps {kept_groups} groups = {kept} trajectories, which must be a non-zero "
+                   f"multiple of {key}.ppo_mini_batch_size = {mini}: change one of them "
+                   "(actor_rollout_ref.rollout.rollout_filter_value=1 turns the filter off)")
 
 
 def _validate_envs(cfg: RagenConfig) -> None:

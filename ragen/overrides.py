@@ -5,7 +5,7 @@ Two things Hydra alone gets wrong for us:
   the environment variables of its first `train.sh` (`DIM_X`, `BASE_MODEL`, ...) fail with "Key 'model' not
   in 'RagenConfig'", and the `+model...` its hint suggests runs with the key ignored. `OLD_KEYS` is the one
   table old -> new: a key that moved is rewritten with a one-line notice, one that has no equivalent stops
-  the run naming the nearest current key;
+  the run naming the nearest current key (`OLD_VALUES`: the same for old values of a current key);
 - `+key=value` and `++key=value` add a key to the structured config even where the schema has none, and
   nothing ever reads it. Every override key must be a schema key (or under `custom_envs.<tag>.env_config`,
   which the env's own config dataclass checks in `validate`); a misspelling gets "did you mean ...".
@@ -109,6 +109,14 @@ OLD_KEYS: dict[str, Moved | Removed] = {
     "trainer.default_hdfs_dir": Removed("trainer.default_local_dir", "checkpoints are written locally only"),
     "env.name": Removed("the recipe (bash train.sh <recipe>) or es_manager.train.env_configs.tags",
                         "the recipe picks the environment"),
+    # RAGEN's StarPO-S filter (and ours before RAGEN-2's strategies): the ratio is the strategy's value
+    "actor_rollout_ref.rollout.rollout_filter_ratio": moved("actor_rollout_ref.rollout.rollout_filter_value"),
+}
+FILTER = "actor_rollout_ref.rollout.rollout_filter_"
+# Old values of a current key -> today's overrides: RAGEN's filter types named the score and the direction at once
+OLD_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
+    (FILTER + "type", "std"): (FILTER + "type=largest", FILTER + "metric=reward_variance"),
+    (FILTER + "type", "std_rev"): (FILTER + "type=smallest", FILTER + "metric=reward_variance"),
 }
 
 # The first README's `bash ./train.sh` read these environment variables; each stands for a key above or a
@@ -260,9 +268,13 @@ def rewrite_overrides(overrides: Sequence[str], recipe: str) -> list[str]:
     Group choices (`algo=grpo`) and Hydra's own `hydra.*` keys pass as they are."""
     rewritten = []
     for override in overrides:
-        prefix, key, _ = split_override(override)
+        prefix, key, value = split_override(override)
         if is_group_or_hydra(key):
             rewritten.append(override)
+        elif (key, value) in OLD_VALUES:
+            new = list(OLD_VALUES[key, value])
+            print(f"[ragen] {override}: RAGEN's old value, now {' '.join(new)}", file=sys.stderr, flush=True)
+            rewritten += new
         elif is_old_key(key):
             new = translate(override, recipe)
             print(f"[ragen] {override}: RAGEN's old key, now {' '.join(new)}", file=sys.stderr, flush=True)

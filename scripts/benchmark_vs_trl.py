@@ -42,7 +42,7 @@ GROUP, NEW_TOKENS, TEMPERATURE, LR = 8, 64, 0.7, 1e-6
 RAGEN_OVERRIDES = [
     "trainer.backend=local", "algorithm.adv_estimator=grpo", "algorithm.skip_zero_variance_batches=false",
     "es_manager.train.env_groups=1", f"es_manager.train.group_size={GROUP}",
-    "es_manager.train.env_configs.tags=[Bandit]", "actor_rollout_ref.rollout.rollout_filter_ratio=1",
+    "es_manager.train.env_configs.tags=[Bandit]", "actor_rollout_ref.rollout.rollout_filter_value=1",
     f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUP}", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={GROUP}",
     "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.entropy_coeff=0",
     f"actor_rollout_ref.actor.optim.lr={LR}", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",

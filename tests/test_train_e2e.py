@@ -157,6 +157,29 @@ def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path)
     assert left_behind(others) == [], "the run left Ray processes behind"
 
 
+def test_a_run_whose_filter_keeps_nothing_stops_after_the_empty_steps(tiny_model_path, tmp_path):
+    # a random model's replies are all malformed, so every group's rewards are equal: with include_zero=false the
+    # filter keeps no group, each step trains on nothing, and the second such step in a row stops the run
+    filter_keys = ["strategy=top_p", "value=0.9", "include_zero=false", "empty_stop_steps=2"]
+    command = train_command("bandit", tiny_model_path, tmp_path, "trainer.backend=local",
+                            "trainer.total_training_steps=5", "trainer.save_freq=1", "trainer.val_before_train=false",
+                            "trainer.test_freq=-1", "trainer.collapse_mi_inputs=0",
+                            *[f"actor_rollout_ref.rollout.rollout_filter_{key}" for key in filter_keys])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = read_metrics(tmp_path)
+    assert [m["step"] for m in metrics] == [1, 2]  # the skipped steps still count
+    assert all(m["rollout/in_group_std"] == 0 and m["rollout/empty_after_filter"] == 1 for m in metrics)
+    assert [m["rollout/empty_after_filter_steps"] for m in metrics] == [1, 2]
+    assert not any("actor/pg_loss" in m for m in metrics)  # no update
+    assert checkpoint.latest_checkpoint(tmp_path) == tmp_path / "global_step_1"  # saved as usual before the stop
+    assert ("[watchdog] step 2: rollout_filter_empty_stop_steps: the rollout filter kept no group for 2 steps in "
+            "a row") in result.stdout
+    assert "stopped: the watchdog stopped the run at step 2 (rollout_filter_empty_stop_steps)" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 def test_verbose_shows_the_libraries_output(tiny_model_path, tmp_path):
     result = train("bandit", tiny_model_path, tmp_path, "trainer.verbose=true", "algorithm.adv_estimator=gae",
                    "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",

@@ -30,14 +30,17 @@ def test_defaults_are_the_starpo_s_recipe():
     assert (algo.adv_estimator, algo.gamma, algo.lam, algo.use_kl_in_reward) == ("gae", 1.0, 1.0, False)
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.use_kl_loss, actor.entropy_coeff) == (0.2, 0.28, False,
                                                                                                     0.001)
-    assert cfg.actor_rollout_ref.rollout.rollout_filter_ratio == 0.25
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.rollout_filter_strategy, rollout.rollout_filter_value, rollout.rollout_filter_type,
+            rollout.rollout_filter_metric, rollout.rollout_filter_include_zero) == (
+        "top_k", 0.25, "largest", "reward_variance", True)  # StarPO-S: the top 25% of groups by reward std
     assert (actor.optim.lr, cfg.critic.optim.lr) == (1e-6, 1e-5)
     assert cfg.critic.model.path == cfg.model_path  # the critic starts from the policy's weights
 
 
 def test_the_bandit_recipe_is_rloo_and_an_algo_override_still_wins():
     bandit = load("bandit")
-    assert bandit.algorithm.adv_estimator == "rloo" and bandit.actor_rollout_ref.rollout.rollout_filter_ratio == 1
+    assert bandit.algorithm.adv_estimator == "rloo" and bandit.actor_rollout_ref.rollout.rollout_filter_value == 1
     assert bandit.es_manager.val.env_configs.tags == ["Bandit", "BanditTest"]
     assert load("bandit", "algo=grpo").algorithm.adv_estimator == "grpo"
 
@@ -56,7 +59,7 @@ def test_validation_start_states_never_overlap_training_ones():
 def test_recipes_change_what_they_say():
     starpo = load("base", "algo=starpo")
     assert starpo.actor_rollout_ref.actor.use_kl_loss and starpo.actor_rollout_ref.actor.kl_loss_coef == 0.001
-    assert starpo.actor_rollout_ref.rollout.rollout_filter_ratio == 1.0
+    assert starpo.actor_rollout_ref.rollout.rollout_filter_value == 1.0
     brpo = load("base", "algo=brpo").agent_proxy.reward_normalization
     assert (brpo.grouping, brpo.method) == ("batch", "mean_std")
     assert load("base", "algo=bi_level_gae").agent_proxy.use_turn_scores
@@ -104,17 +107,78 @@ def test_unknown_keys_and_wrong_types_fail_naming_the_key(override):
     (["agent_proxy.reward_normalization.grouping=env"], "grouping"),
     (["agent_proxy.use_turn_scores=true", "agent_proxy.reward_normalization.method=mean_std"], "use_turn_scores"),
     (["actor_rollout_ref.rollout.rollout_filter_type=var"], "rollout_filter_type"),
-    (["actor_rollout_ref.rollout.rollout_filter_ratio=0"], "rollout_filter_ratio"),
+    (["actor_rollout_ref.rollout.rollout_filter_value=0"], "rollout_filter_value"),
     (["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=true"], "use_kl_in_reward"),
     (["algorithm.adv_estimator=grpo", "trainer.critic_warmup=2"], "critic_warmup"),
     # the filter keeps 1 of 4 groups = 4 trajectories: fewer than a mini-batch of 8
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=8"], "rollout_filter_ratio"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=8"], "rollout_filter"),
     (["critic.ppo_mini_batch_size=8"], "critic.ppo_mini_batch_size"),
 ])
 def test_impossible_values_fail_at_startup_naming_the_key(overrides, key):
     cfg = load("base", "scale=cpu", *overrides)
     with pytest.raises(ConfigError, match=key):
         validate(cfg, world_size=1)
+
+
+FILTER = "actor_rollout_ref.rollout.rollout_filter_"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([FILTER + "strategy=top_q"], r"rollout_filter_strategy='top_q': choose one of \['min_p', 'top_k', 'top_k_abs', "
+                                  r"'top_p'\]"),
+    ([FILTER + "type=std_reverse"], "rollout_filter_type='std_reverse': choose largest or smallest"),
+    ([FILTER + "metric=variance"], r"rollout_filter_metric='variance': choose one of \['entropy', 'length', "
+                                   r"'reward', 'reward_std', 'reward_sum', 'reward_variance'\]"),
+    ([FILTER + "top_p_prob_mode=exp"], r"rollout_filter_top_p_prob_mode='exp': choose one of \['linear', "
+                                       r"'softmax'\]"),
+    ([FILTER + "strategy=top_p", FILTER + "value=-0.1"], "rollout_filter_value=-0.1 with rollout_filter_strategy"
+                                                        "=top_p must be > 0"),
+    ([FILTER + "strategy=top_p", FILTER + "value=nan"], "rollout_filter_value=nan"),
+    ([FILTER + "value=1.5"], "rollout_filter_value=1.5 with rollout_filter_strategy=top_k must be in \\(0, 1\\]"),
+    ([FILTER + "strategy=top_k_abs", FILTER + "value=0.5"], "must be a whole number >= 1"),
+    ([FILTER + "strategy=top_k_abs", FILTER + "value=1.5"], "must be a whole number >= 1"),
+    ([FILTER + "strategy=min_p", FILTER + "value=0"], "strategy=min_p must be in \\(0, 1\\]"),
+    ([FILTER + "strategy=min_p", FILTER + "value=1.2"], "strategy=min_p must be in \\(0, 1\\]"),
+    ([FILTER + "empty_stop_steps=-1"], "rollout_filter_empty_stop_steps must be >= 1, or 0"),
+    # groups of one have no reward std to rank by, unless the filter keeps every group
+    (["es_manager.train.group_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", FILTER + "metric=reward_std"], "group_size >= 2"),
+    # top_k_abs 2 of 4 groups of 4 = 8 trajectories: not a multiple of the mini-batch of 16
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=16", FILTER + "strategy=top_k_abs", FILTER + "value=2"],
+     "keeps 2 groups = 8 trajectories"),
+])
+def test_bad_rollout_filter_settings_fail_naming_the_key_and_the_choices(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(load("base", "scale=cpu", *overrides), world_size=1)
+
+
+@pytest.mark.parametrize("overrides", [
+    [FILTER + "strategy=top_p", FILTER + "value=0.9", FILTER + "include_zero=false"],  # RAGEN-2's recommendation
+    [FILTER + "strategy=top_p", FILTER + "value=2", FILTER + "top_p_prob_mode=softmax"],  # >= 1: every group
+    [FILTER + "strategy=min_p", FILTER + "value=1", FILTER + "type=smallest", FILTER + "metric=length"],
+    [FILTER + "strategy=top_k_abs", FILTER + "value=1", FILTER + "metric=entropy", FILTER + "empty_stop_steps=0"],
+    [FILTER + "strategy=top_k_abs", FILTER + "value=9"],  # more than the 4 groups: all of them
+    ["es_manager.train.group_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # no std, but no filter
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", FILTER + "value=1"],
+    ["es_manager.train.group_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", FILTER + "metric=reward"],
+])
+def test_good_rollout_filter_settings_pass(overrides):
+    validate(load("base", "scale=cpu", *overrides), world_size=1)
+
+
+def test_the_old_filter_keys_and_values_become_todays_with_a_notice(capsys):
+    cfg = load("base", FILTER + "ratio=0.5", FILTER + "type=std_rev")
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.rollout_filter_value, rollout.rollout_filter_type, rollout.rollout_filter_metric) == (
+        0.5, "smallest", "reward_variance")
+    notices = capsys.readouterr().err.splitlines()
+    assert f"[ragen] {FILTER}ratio=0.5: RAGEN's old key, now {FILTER}value=0.5" in notices
+    assert f"[ragen] {FILTER}type=std_rev: RAGEN's old value, now {FILTER}type=smallest {FILTER}metric=" \
+           "reward_variance" in notices
+    rollout = load("base", FILTER + "type=std", FILTER + "metric=length").actor_rollout_ref.rollout
+    assert (rollout.rollout_filter_type, rollout.rollout_filter_metric) == ("largest", "length")  # the later wins
+    assert load("base", FILTER + "type=smallest").actor_rollout_ref.rollout.rollout_filter_type == "smallest"
 
 
 def test_batch_must_split_over_ranks():

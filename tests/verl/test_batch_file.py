@@ -65,7 +65,7 @@ def test_another_safetensors_file_is_refused(tmp_path):
 
 def test_the_trainer_saves_the_filtered_batch_its_update_gets(tmp_path):
     trainer, _ = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], steps=2,
-                              rollout=RolloutConfig(rollout_filter_ratio=0.3))
+                              rollout=RolloutConfig(rollout_filter_value=0.3))
     trainer.config.rollout_data_dir = str(tmp_path / "rollouts")
     updated, train_on = [], trainer.train_on
     trainer.train_on = lambda batch, step, metrics: train_on(updated.append(batch) or batch, step, metrics)

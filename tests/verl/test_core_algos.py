@@ -4,7 +4,7 @@ Every advantage estimator is checked against a slow loop reference written below
 core_algos state it: per trajectory, the tokens its mask selects compacted into a list, the recursion run
 over that list, the results scattered back to (B, T). Hand-computed two-turn cases pin the conventions
 (environment tokens skipped, rewards on turn ends, anchor states), then come masks, losses, KL, reward
-normalisation and the StarPO-S variance filter.
+normalisation and the rollout filter (StarPO-S, RAGEN-2's strategies).
 """
 
 import math
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from verl.trainer.config import AlgorithmConfig
-from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, KL_PENALTIES, LOSS_AGG_MODES,
+from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, FILTER_METRICS, KL_CONTROLLERS, KL_PENALTIES,
+                                     LOSS_AGG_MODES,
                                      AdaptiveKLController, agg_loss, apply_kl_penalty, balanced_order,
                                      compute_policy_loss,
                                      compute_value_loss, entropy_from_logits, explained_variance, masked_mean,
@@ -698,75 +699,197 @@ def test_adaptive_kl_controller_ignores_a_non_finite_kl(kl):
     assert controller.value == pytest.approx(0.105)
 
 
-# ---- StarPO-S variance filter ------------------------------------------------------------------------
-GROUP_STDS = torch.tensor([0.1, 0.5, 0.0, 0.3, 0.2, 0.4])  # (G,); total 1.5
+# ---- rollout filter ------------------------------------------------------------------------------------
+def reference_select_groups(scores: list[float], strategy: str, value: float, largest: bool, include_zero: bool,
+                            prob_mode: str, multiple: int = 1) -> list[int]:
+    """RAGEN-2's group selection as a loop over the ranked groups, then our rounding to whole mini-batches."""
+    candidates = [g for g, s in enumerate(scores) if not math.isnan(s) and (include_zero or abs(s) > 1e-10)]
+    candidates.sort(key=lambda g: -scores[g] if largest else scores[g])  # a stable sort: ties keep the earlier group
+    ranked = [scores[g] for g in candidates]
+    if strategy == "top_p" and value >= 1:
+        count = len(ranked)
+    elif strategy == "top_p" and prob_mode == "linear":
+        threshold, total, count = value * sum(ranked) - 0.01, 0.0, 0
+        for i, score in enumerate(ranked):
+            if score <= 0:
+                break
+            total += score
+            if total >= threshold:
+                count = i + 1
+                break
+    elif strategy == "top_p":
+        weights = [math.exp(s if largest else -s) for s in ranked]
+        total, count = 0.0, len(ranked)
+        for i, weight in enumerate(weights):
+            total += weight / sum(weights)
+            if total >= value:
+                count = i + 1
+                break
+    elif strategy == "top_k":
+        count = max(1, int(value * len(scores) + 1e-9))
+    elif strategy == "top_k_abs":
+        count = max(1, int(value))
+    else:  # min_p
+        count = sum(1 for s in ranked if (s >= value * ranked[0] if largest else s <= ranked[0] / value))
+    count = min(count, len(ranked))
+    rounded_up = -(-count // multiple) * multiple
+    count = rounded_up if rounded_up <= len(ranked) else len(ranked) // multiple * multiple
+    return candidates[:count]
 
 
-@pytest.mark.parametrize("ratio, filter_type, expected", [
-    (0.5, "std", [1, 5, 3]),  # ceil(0.5 * 6) = 3 highest
-    (0.5, "std_rev", [2, 0, 4]),  # 3 lowest
-    (0.4, "std", [1, 5, 3]),  # ceil(2.4) = 3
-    (1 / 6, "std", [1]),
-    (0.01, "std", [1]),  # never nothing
-    (1.0, "std", [1, 5, 3, 4, 0, 2]),
+def select(scores, strategy, value, filter_type="largest", include_zero=True, prob_mode="linear", multiple=1):
+    kept = select_groups(torch.as_tensor(scores, dtype=torch.float32), strategy=strategy, value=value,
+                         largest=filter_type == "largest", include_zero=include_zero, prob_mode=prob_mode,
+                         multiple=multiple)
+    return kept.tolist()
+
+
+GROUP_SCORES = [0.1, 0.5, 0.0, 0.3, 0.2, 0.4]  # (G,); total 1.5; ranked 1, 5, 3, 4, 0, 2 (largest first)
+
+
+@pytest.mark.parametrize("value, filter_type, include_zero, expected", [
+    (0.5, "largest", True, [1, 5]),  # threshold 0.75 - 0.01: 0.5 < 0.74 <= 0.5 + 0.4
+    (0.9, "largest", True, [1, 5, 3, 4]),  # 1.35 - 0.01: 1.2 < 1.34 <= 1.4
+    (0.9, "largest", False, [1, 5, 3, 4]),
+    (0.2, "largest", True, [1]),
+    (0.5, "smallest", True, []),  # ascending, the zero group comes first and ends the selection
+    (0.5, "smallest", False, [0, 4, 3, 5]),  # 0.1 + 0.2 + 0.3 = 0.6 < 0.74 <= 1.0
 ])
-def test_select_groups_top_k(ratio, filter_type, expected):
-    assert select_groups(GROUP_STDS, ratio, filter_type, "top_k").tolist() == expected
+def test_top_p_linear(value, filter_type, include_zero, expected):
+    assert select(GROUP_SCORES, "top_p", value, filter_type, include_zero) == expected
 
 
-@pytest.mark.parametrize("ratio, filter_type, expected", [
-    (0.5, "std", [1, 5]),  # 0.5 < 0.75 <= 0.5 + 0.4
-    (0.2, "std", [1]),  # 0.5 >= 0.3
-    (0.7, "std", [1, 5, 3]),  # 0.9 < 1.05 <= 1.2
-    (0.5, "std_rev", [2, 0, 4, 3, 5]),  # 0 + 0.1 + 0.2 + 0.3 = 0.6 < 0.75 <= 1.0
+def test_top_p_linear_stops_the_eps_short_of_the_share():
+    assert select([0.595, 0.405], "top_p", 0.6) == [0]  # 0.595 >= 0.6 * 1.0 - 0.01
+    assert select([0.58, 0.42], "top_p", 0.6) == [0, 1]
+
+
+@pytest.mark.parametrize("scores, filter_type, include_zero", [
+    ([0.0, 0.0, 0.0], "largest", True),  # an all-zero batch: nothing to add
+    ([0.0, 0.0, 0.0], "smallest", True),
+    ([-0.1, -0.3], "largest", True),  # rewards below 0 (metric reward): the first score <= 0 stops it at once
+    ([0.5, -0.2, 0.3], "smallest", False),  # ascending: -0.2 first, before the share is reached
 ])
-def test_select_groups_top_p(ratio, filter_type, expected):
-    assert select_groups(GROUP_STDS, ratio, filter_type, "top_p").tolist() == expected
+def test_top_p_linear_is_empty_when_the_share_is_never_reached(scores, filter_type, include_zero):
+    assert select(scores, "top_p", 0.9, filter_type, include_zero) == []
 
 
-@pytest.mark.parametrize("ratio, strategy, multiple, count", [
-    (1 / 6, "top_k", 4, 4),  # 1 -> 4
-    (0.5, "top_k", 2, 4),  # 3 -> 4
-    (0.5, "top_p", 3, 3),  # 2 -> 3
-    (0.8, "top_k", 4, 6),  # 5 -> 8, but there are only 6 groups
+@pytest.mark.parametrize("value, filter_type, expected", [
+    # scores 0, ln 2, ln 4: softmax 1/7, 2/7, 4/7; of -scores 4/7, 2/7, 1/7
+    (0.5, "largest", [2]), (0.6, "largest", [2, 1]), (0.9, "largest", [2, 1, 0]),
+    (0.5, "smallest", [0]), (0.6, "smallest", [0, 1]),
 ])
-def test_select_groups_rounds_the_count_up_to_a_multiple(ratio, strategy, multiple, count):
-    kept = select_groups(GROUP_STDS, ratio, "std", strategy, multiple=multiple)
-    assert kept.tolist() == select_groups(GROUP_STDS, 1.0, "std", "top_k").tolist()[:count]
+def test_top_p_softmax(value, filter_type, expected):
+    assert select([0.0, math.log(2), math.log(4)], "top_p", value, filter_type, prob_mode="softmax") == expected
 
 
-@pytest.mark.parametrize("filter_type", ["std", "std_rev"])
-def test_select_groups_with_all_zero_stds_keeps_groups_in_order(filter_type):
-    zeros = torch.zeros(4)
-    assert select_groups(zeros, 0.5, filter_type, "top_k").tolist() == [0, 1]  # ties keep the earlier group
-    assert sorted(select_groups(zeros, 0.5, filter_type, "top_p").tolist()) == [0, 1, 2, 3]
+@pytest.mark.parametrize("prob_mode", ["linear", "softmax"])
+@pytest.mark.parametrize("value", [1.0, 2.0])
+def test_top_p_from_one_keeps_every_group_or_every_non_zero_one(prob_mode, value):
+    # include_zero: the batch passes untouched; without it, only the zero-score group goes
+    assert sorted(select(GROUP_SCORES, "top_p", value, prob_mode=prob_mode)) == [0, 1, 2, 3, 4, 5]
+    assert sorted(select(GROUP_SCORES, "top_p", value, include_zero=False, prob_mode=prob_mode)) == [0, 1, 3, 4, 5]
+    assert select([0.0, 0.0], "top_p", value, include_zero=False, prob_mode=prob_mode) == []
 
 
-@pytest.mark.parametrize("strategy, filter_type", [
-    ("top_k", "std"),
-    ("top_k", "std_rev"),
-    ("top_p", "std_rev"),
-    ("top_p", "std"),  # zero-std groups sort last; ratio 1 must keep them too
+@pytest.mark.parametrize("strategy, value, filter_type, include_zero, expected", [
+    ("top_k", 0.5, "largest", True, [1, 5, 3]),  # int(0.5 * 6) = 3 highest
+    ("top_k", 0.5, "smallest", True, [2, 0, 4]),
+    ("top_k", 0.5, "smallest", False, [0, 4, 3]),
+    ("top_k", 0.4, "largest", True, [1, 5]),  # int(2.4) = 2
+    ("top_k", 0.01, "largest", True, [1]),  # at least one
+    ("top_k", 1.0, "largest", True, [1, 5, 3, 4, 0, 2]),
+    ("top_k", 1.0, "largest", False, [1, 5, 3, 4, 0]),  # never more than the candidates
+    ("top_k_abs", 2, "largest", True, [1, 5]),
+    ("top_k_abs", 2, "smallest", True, [2, 0]),
+    ("top_k_abs", 10, "largest", False, [1, 5, 3, 4, 0]),
+    ("min_p", 0.5, "largest", True, [1, 5, 3]),  # >= 0.5 * 0.5
+    ("min_p", 1.0, "largest", True, [1]),
+    ("min_p", 0.5, "smallest", False, [0, 4]),  # <= 0.1 / 0.5
+    ("min_p", 0.5, "smallest", True, [2]),  # <= 0 / 0.5: the zero group only
 ])
-def test_select_groups_ratio_one_keeps_every_group(strategy, filter_type):
-    kept = select_groups(GROUP_STDS, 1.0, filter_type, strategy)
-    assert sorted(kept.tolist()) == list(range(len(GROUP_STDS)))
+def test_top_k_top_k_abs_and_min_p(strategy, value, filter_type, include_zero, expected):
+    assert select(GROUP_SCORES, strategy, value, filter_type, include_zero) == expected
 
 
-def test_select_groups_top_p_keeps_the_fewest_groups_at_an_exact_boundary():
-    # 0.6 of the total 1.5 is 0.9 = 0.5 + 0.4: two groups reach it
-    assert select_groups(GROUP_STDS, 0.6, "std", "top_p").tolist() == [1, 5]
+def test_top_k_counts_a_fraction_of_every_group_without_float_loss():
+    assert len(select([float(g + 1) for g in range(100)], "top_k", 0.29)) == 29  # 0.29 * 100 = 28.999...
 
 
-@pytest.mark.parametrize("ratio, filter_type, strategy, expected", [
-    (1 / 3, "std", "top_k", [1, 3]),
-    (1 / 3, "std_rev", "top_k", [2, 0]),
-    (0.6, "std", "top_p", [1, 3]),  # 0.6 of the finite total 0.9 is 0.54: 0.5 < 0.54 <= 0.5 + 0.3
-    (0.6, "std_rev", "top_p", [2, 0, 3, 1]),  # 0 + 0.1 + 0.3 = 0.4 < 0.54 <= 0.9
+def test_min_p_on_negative_scores_keeps_nothing():
+    assert select([-0.2, -0.1], "min_p", 0.5) == []  # nothing is >= 0.5 * -0.1
+
+
+@pytest.mark.parametrize("strategy, value, filter_type, expected", [
+    ("top_k", 0.5, "largest", [2, 0]),  # 2 of the 4 groups; the NaN groups are never kept
+    ("top_k", 0.5, "smallest", [0, 2]),
+    ("top_k", 1.0, "largest", [2, 0]),
+    ("top_p", 1.0, "smallest", [0, 2]),
+    ("top_p", 0.5, "largest", [2]),  # the total is that of the finite scores: 0.5 >= 0.5 * 0.6 - 0.01
+    ("min_p", 0.1, "largest", [2, 0]),
 ])
-def test_select_groups_ranks_a_nan_std_last(ratio, filter_type, strategy, expected):
-    stds = torch.tensor([0.1, 0.5, 0.0, 0.3, float("nan"), float("nan")])  # two groups with a NaN reward
-    assert select_groups(stds, ratio, filter_type, strategy).tolist() == expected
+def test_a_nan_score_a_group_with_a_failed_environment_is_never_kept(strategy, value, filter_type, expected):
+    nan = float("nan")
+    assert select([0.1, nan, 0.5, nan], strategy, value, filter_type) == expected
+    assert select([nan, nan], strategy, value, filter_type) == []
+
+
+@pytest.mark.parametrize("strategy, value, include_zero, multiple, expected", [
+    ("top_k", 1 / 6, True, 4, [1, 5, 3, 4]),  # 1 -> 4: the next-ranked groups fill the mini-batch
+    ("top_p", 0.5, True, 3, [1, 5, 3]),  # 2 -> 3
+    ("top_k", 0.8, True, 4, [1, 5, 3, 4]),  # 4 stays 4
+    ("top_k", 0.9, True, 4, [1, 5, 3, 4]),  # 5 -> 8 is more than the 6 groups: down to 4
+    ("top_p", 1.0, False, 2, [1, 5, 3, 4]),  # 5 candidates: 6 would take the zero group back; down to 4
+    ("top_p", 0.9, False, 5, [1, 5, 3, 4, 0]),  # 4 -> 5, all the candidates
+    ("top_k_abs", 1, False, 6, []),  # 6 groups per mini-batch, 5 candidates: none
+])
+def test_the_kept_count_is_rounded_to_whole_mini_batches(strategy, value, include_zero, multiple, expected):
+    assert select(GROUP_SCORES, strategy, value, include_zero=include_zero, multiple=multiple) == expected
+
+
+def test_an_empty_selection_stays_empty_with_mini_batches():
+    assert select([0.0, 0.0, 0.0, 0.0], "top_p", 0.9, multiple=2) == []
+
+
+@pytest.mark.parametrize("strategy, values", [("top_p", [0.3, 0.6, 0.9, 1.0]), ("top_k", [0.1, 0.5, 1.0]),
+                                              ("top_k_abs", [1, 3, 20]), ("min_p", [0.1, 0.5, 1.0])])
+def test_select_groups_matches_the_loop_reference(strategy, values):
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        n_groups = int(torch.randint(1, 13, (1,), generator=generator))
+        # multiples of 1/8 (exact sums, ties), some zeros, negatives (metric reward) and failed groups
+        scores = (torch.randint(-2, 9, (n_groups,), generator=generator) / 8).tolist()
+        scores = [s if trial % 3 or s >= 0 else 0.0 for s in scores]  # two trials in three without negatives
+        scores = [float("nan") if u < 0.15 else s for s, u in zip(scores, torch.rand(n_groups, generator=generator))]
+        for value in values:
+            for filter_type in ("largest", "smallest"):
+                for include_zero in (True, False):
+                    for prob_mode in ("linear", "softmax"):
+                        for multiple in (1, 2, 3):
+                            args = (strategy, value, filter_type == "largest", include_zero, prob_mode, multiple)
+                            assert select(scores, strategy, value, filter_type, include_zero, prob_mode, multiple) \
+                                == reference_select_groups(scores, *args), (scores, args)
+
+
+def test_filter_metrics_score_each_group():
+    index = torch.tensor([0, 0, 1, 1, 2, 2])
+    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0, 3.0, 1.0])
+    loss_mask = torch.tensor([[0., 1, 1, 0], [0., 1, 0, 0], [0., 1, 1, 1], [0., 1, 1, 1], [0., 0, 0, 0],
+                              [0., 1, 1, 1]])  # (B, T); the fifth trajectory generated nothing
+    log_probs = torch.tensor([[-9., -1, -3, -9], [-9., -2, -9, -9], [-9., -1, -1, -1], [-9., -3, -3, -3],
+                              [-9., -9, -9, -9], [-9., -0.5, -0.5, -0.5]])  # (B, T); -9 where nothing was sampled
+
+    def score(metric):
+        return FILTER_METRICS[metric](trajectory_rewards=rewards, loss_mask=loss_mask, rollout_log_probs=log_probs,
+                                      index=index).tolist()
+
+    assert score("reward_variance") == pytest.approx([0.5 ** 0.5, 0.0, 2 ** 0.5])  # unbiased std
+    assert score("reward_std") == score("reward_variance")
+    assert score("reward") == pytest.approx([0.5, 2.0, 2.0])
+    assert score("reward_sum") == pytest.approx([1.0, 4.0, 4.0])
+    assert score("length") == pytest.approx([1.5, 3.0, 1.5])
+    # per trajectory: minus the mean log-prob of its sampled tokens (2, 2; 1, 3; 0, 0.5), then the group's mean
+    assert score("entropy") == pytest.approx([2.0, 2.0, 0.25])
 
 
 # ---- masks ------------------------------------------------------------------------------------------

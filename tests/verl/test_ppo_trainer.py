@@ -10,17 +10,22 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.config import AlgorithmConfig, KLControlConfig, RolloutConfig, TrainerConfig
 from verl.trainer.ppo_trainer import PPOTrainer, groups_per_multiple, with_advantages
+from verl.trainer.watchdog import WatchdogStop
 from verl.utils.tracking import Tracking
 
 
-def rollout_batch(rewards: list[float], group_size: int, env_failed: list[bool] | None = None) -> DataProto:
-    """One prompt token, two generated tokens, the trajectory's reward on the last one."""
+def rollout_batch(rewards: list[float], group_size: int, env_failed: list[bool] | None = None,
+                  log_probs: list[float] | None = None) -> DataProto:
+    """One prompt token, two generated tokens, the trajectory's reward on the last one; the rollout's
+    log-prob of each generated token is `log_probs` (one per trajectory; -1 by default)."""
     n = len(rewards)
     env_failed = [False] * n if env_failed is None else env_failed
     token_rewards = torch.zeros(n, 3)  # (B, T)
     token_rewards[:, 2] = torch.tensor(rewards)
+    rollout_log_probs = torch.tensor([[0.0, lp, lp] for lp in ([-1.0] * n if log_probs is None else log_probs)])
     return DataProto(batch={"input_ids": torch.arange(3).repeat(n, 1), "loss_mask": torch.tensor([[0., 1, 1]] * n),
                             "attention_mask": torch.ones(n, 3, dtype=torch.long),
+                            "rollout_log_probs": rollout_log_probs,
                             "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
                             "state_ids": torch.zeros(n, 3, dtype=torch.long),
                             "turn_ids": torch.zeros(n, 3, dtype=torch.long)},
@@ -79,7 +84,7 @@ def make_trainer(tmp_path, rewards, group_size=2, algorithm=None, rollout=None, 
     calls = []
     config = TrainerConfig(total_training_steps=steps, critic_warmup=critic_warmup, default_local_dir=str(tmp_path),
                            rollout_data_dir=None, logger=["jsonl"])
-    trainer = PPOTrainer(config, algorithm or AlgorithmConfig(), rollout or RolloutConfig(rollout_filter_ratio=1.0),
+    trainer = PPOTrainer(config, algorithm or AlgorithmConfig(), rollout or RolloutConfig(rollout_filter_value=1.0),
                          RecordingWorkers(calls, "actor"), RecordingWorkers(calls, "critic") if critic else None,
                          ScriptedAgent(rollout_batch(rewards, group_size)), Tracking(["jsonl"], str(tmp_path)),
                          use_reference=use_reference, samples_multiple=samples_multiple,
@@ -161,40 +166,75 @@ def test_explained_variance_is_not_logged_for_constant_returns(tmp_path):
 def test_filter_keeps_the_groups_with_the_most_reward_spread(tmp_path):
     # groups of 2: stds 0, 0.707, 0, 1.414 -> top 25% (1 of 4) is group 3, top 50% groups 3 and 1
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
-    trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.25))
+    trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_value=0.25))
     batch, metrics = trainer.filter(rollout_batch(rewards, 2))
     assert batch.non_tensor_batch["group_ids"].tolist() == [3, 3]
-    assert metrics["rollout/filter_kept_ratio"] == 0.25
+    assert metrics["rollout/filter_kept_ratio"] == 0.25 and metrics["rollout/empty_after_filter"] == 0
     assert metrics["rollout/chosen_in_group_std"] == pytest.approx(2 ** 0.5)
     assert metrics["rollout/in_group_std"] == pytest.approx((2 ** 0.5 + 2 ** -0.5) / 4)
-    trainer.rollout_config.rollout_filter_ratio = 0.5
+    assert metrics["rollout/filter_score_mean"] == pytest.approx((2 ** 0.5 + 2 ** -0.5) / 4)  # the score is the std
+    assert metrics["rollout/chosen_filter_score_mean"] == pytest.approx(2 ** 0.5)
+    trainer.rollout_config.rollout_filter_value = 0.5
     assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [1, 1, 3, 3]
-    trainer.rollout_config.rollout_filter_type = "std_rev"
+    trainer.rollout_config.rollout_filter_type = "smallest"
     assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [0, 0, 2, 2]
+    trainer.rollout_config.rollout_filter_value = 0.25
+    trainer.rollout_config.rollout_filter_include_zero = False  # the zero-std groups go first: group 1 is lowest
+    assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("metric, filter_type, kept", [
+    ("reward", "largest", [3]),  # group means 1, 0.5, 0, 1.5
+    ("reward_sum", "smallest", [2]),
+    ("entropy", "largest", [0]),  # minus the mean log-prob of the sampled tokens: 2, 1, 1, 0.5
+    ("length", "largest", [0]),  # every trajectory generated 2 tokens: ties keep the first group
+])
+def test_filter_ranks_groups_by_the_configured_metric(tmp_path, metric, filter_type, kept):
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 1.0]
+    rollout = RolloutConfig(rollout_filter_value=0.25, rollout_filter_metric=metric, rollout_filter_type=filter_type)
+    trainer, _ = make_trainer(tmp_path, rewards, rollout=rollout)
+    batch, metrics = trainer.filter(rollout_batch(rewards, 2, log_probs=[-2, -2, -1, -1, -1, -1, -0.5, -0.5]))
+    assert sorted(set(batch.non_tensor_batch["group_ids"].tolist())) == kept
+
+
+def test_filter_top_p_keeps_the_share_of_the_summed_score(tmp_path):
+    # groups of 2: stds 0, 0.707, 0, 1.414 (total 2.12); 0.9 of it needs both spread groups; 0.6 group 3 alone
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
+    rollout = RolloutConfig(rollout_filter_strategy="top_p", rollout_filter_value=0.9,
+                            rollout_filter_include_zero=False)
+    trainer, _ = make_trainer(tmp_path, rewards, rollout=rollout)
+    assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [1, 1, 3, 3]
+    trainer.rollout_config.rollout_filter_value = 0.6
+    assert trainer.filter(rollout_batch(rewards, 2))[0].non_tensor_batch["group_ids"].tolist() == [3, 3]
 
 
 def test_filter_keeps_whole_mini_batches_in_top_p_mode(tmp_path):
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
     trainer, _ = make_trainer(tmp_path, rewards, samples_multiple=4,
-                              rollout=RolloutConfig(rollout_filter_ratio=0.5, rollout_filter_strategy="top_p"))
+                              rollout=RolloutConfig(rollout_filter_value=0.5, rollout_filter_strategy="top_p"))
     # group 3 alone holds 2/3 of the summed std, but 2 trajectories do not fill a mini-batch of 4
     batch, _ = trainer.filter(rollout_batch(rewards, 2))
     assert batch.non_tensor_batch["group_ids"].tolist() == [1, 1, 3, 3]
     assert groups_per_multiple(samples_multiple=4, group_size=2) == 2
     assert groups_per_multiple(samples_multiple=8, group_size=16) == 1
+    # without the zero-std groups, 3 groups could only fill one mini-batch of 4: the best 2 of them
+    trainer.samples_multiple, trainer.rollout_config.rollout_filter_include_zero = 4, False
+    batch, _ = trainer.filter(rollout_batch([1.0, 0.0, 1.0, 1.0, 2.0, 0.0, 0.0, 2.0], 2))
+    assert batch.non_tensor_batch["group_ids"].tolist() == [2, 2, 3, 3]
 
 
 def test_filter_never_keeps_a_group_with_a_failed_environment(tmp_path):
     # groups of 2: stds 0, 0.707, 0, 1.414; group 3, the most informative, had a failed environment
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
     failed = [False] * 7 + [True]
-    trainer, _ = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.25))
+    trainer, _ = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_value=0.25))
     batch, metrics = trainer.filter(rollout_batch(rewards, 2, env_failed=failed))
     assert batch.non_tensor_batch["group_ids"].tolist() == [1, 1]  # the best of the others
     assert metrics["rollout/env_failed_groups"] == 1
     assert metrics["rollout/chosen_in_group_std"] == pytest.approx(0.5 ** 0.5)
+    assert metrics["rollout/filter_score_mean"] == pytest.approx(0.5 ** 0.5 / 3)  # over the 3 healthy groups
     # filter off, mini-batches of 2 groups: of the 3 groups left, the 2 with the most spread fill one
-    trainer.rollout_config.rollout_filter_ratio, trainer.samples_multiple = 1.0, 4
+    trainer.rollout_config.rollout_filter_value, trainer.samples_multiple = 1.0, 4
     batch, metrics = trainer.filter(rollout_batch(rewards, 2, env_failed=failed))
     assert batch.non_tensor_batch["group_ids"].tolist() == [0, 0, 1, 1] and metrics["rollout/filter_kept_ratio"] == 0.5
 
@@ -208,13 +248,14 @@ def test_a_step_in_which_every_group_failed_skips_the_update(tmp_path):
     assert [what for _, what, _ in calls] == ["save_checkpoint"]
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert logged["rollout/filter_kept_ratio"] == 0 and logged["perf/update_tokens"] == 0
+    assert logged["rollout/empty_after_filter"] == 1 and "rollout/filter_score_mean" not in logged  # no score
     records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
     assert [r["turns"][0]["advantage"] for r in records] == [None] * 4
 
 
 def test_filter_runs_before_scoring(tmp_path):
     rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0]
-    trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_ratio=0.5))
+    trainer, calls = make_trainer(tmp_path, rewards, rollout=RolloutConfig(rollout_filter_value=0.5))
     trainer.fit()
     assert {size for _, what, size in calls if what != "save_checkpoint"} == {4}
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
@@ -258,7 +299,7 @@ def test_two_ranks_get_shares_of_equal_tokens(tmp_path):
 
 def test_records_get_each_turns_advantage(tmp_path):
     trainer, _ = make_trainer(tmp_path, [1.0, 0.0, 1.0, 1.0], algorithm=AlgorithmConfig(adv_estimator="grpo"),
-                              critic=False, rollout=RolloutConfig(rollout_filter_ratio=0.5))
+                              critic=False, rollout=RolloutConfig(rollout_filter_value=0.5))
     trainer.config.rollout_data_dir = str(tmp_path / "rollouts")
     trainer.fit()
     records = [json.loads(line) for line in (tmp_path / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
@@ -342,6 +383,61 @@ def test_the_run_stops_after_consecutive_steps_that_skipped_an_optimizer_step(tm
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == list(range(1, steps_run + 1))  # the last step's metrics are logged
     assert [row["actor/nonfinite_skipped_steps"] for row in rows] == skipped[:steps_run]
+
+
+# ---- steps whose filter kept nothing ----------------------------------------------------------------------
+def empty_filter_trainer(tmp_path, steps: int, limit: int, spread_at: tuple[int, ...] = ()):
+    """Every group's rewards are equal, so include_zero=false keeps nothing, except at the steps `spread_at`."""
+    rollout = RolloutConfig(rollout_filter_strategy="top_p", rollout_filter_value=0.9,
+                            rollout_filter_include_zero=False, rollout_filter_empty_stop_steps=limit)
+    trainer, calls = make_trainer(tmp_path, [1.0, 1.0, 0.0, 0.0], steps=steps, rollout=rollout,
+                                  algorithm=AlgorithmConfig(adv_estimator="grpo"), critic=False)
+    trainer.config.save_freq, trainer.config.rollout_data_dir = 1, str(tmp_path / "rollouts")
+    equal, spread = trainer.agent.batch, rollout_batch([1.0, 0.0, 0.0, 0.0], group_size=2)
+    trainer.agent.rollout = lambda step: ScriptedAgent(spread if step in spread_at else equal).rollout(step)
+    return trainer, calls
+
+
+def logged(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_empty_filtered_steps_train_on_nothing_and_stop_the_run_after_the_limit_in_a_row(tmp_path, capsys):
+    trainer, calls = empty_filter_trainer(tmp_path, steps=6, limit=3)
+    with pytest.raises(WatchdogStop, match=r"stopped the run at step 3 \(rollout_filter_empty_stop_steps\)"):
+        trainer.fit()
+    rows = logged(tmp_path)
+    assert [row["step"] for row in rows] == [1, 2, 3]  # each skipped step still counts
+    assert [row["rollout/empty_after_filter"] for row in rows] == [1, 1, 1]
+    assert [row["rollout/empty_after_filter_steps"] for row in rows] == [1, 2, 3]
+    assert [what for _, what, _ in calls] == ["save_checkpoint"] * 2  # no update; steps 1, 2 saved, 3 stopped
+    assert (tmp_path / "rollouts" / "train" / "step_3.jsonl").is_file()  # records as usual
+    line = next(line for line in capsys.readouterr().out.splitlines() if "rollout_filter_empty_stop_steps" in line)
+    assert line.startswith("[watchdog] step 3: rollout_filter_empty_stop_steps: the rollout filter kept no group "
+                           "for 3 steps in a row, so nothing was trained on (strategy top_p 0.9 on reward_variance, "
+                           "include_zero False): loosen actor_rollout_ref.rollout.rollout_filter_*, or raise "
+                           "actor_rollout_ref.rollout.rollout_filter_empty_stop_steps=3 (0: never stop) -> stop")
+    assert "kept nothing for 3 steps in a row" in (tmp_path / "watchdog_report.md").read_text()
+
+
+def test_a_step_that_keeps_groups_starts_the_count_again_and_zero_never_stops(tmp_path):
+    trainer, calls = empty_filter_trainer(tmp_path / "a", steps=5, limit=3, spread_at=(3,))
+    trainer.fit()  # empty, empty, kept, empty, empty: never 3 in a row
+    assert [row["rollout/empty_after_filter"] for row in logged(tmp_path / "a")] == [1, 1, 0, 1, 1]
+    assert [row["rollout/empty_after_filter_steps"] for row in logged(tmp_path / "a")] == [1, 2, 2, 3, 4]
+    assert [what for _, what, _ in calls].count("update_actor") == 1
+    trainer, _ = empty_filter_trainer(tmp_path / "b", steps=4, limit=0)
+    trainer.fit()
+    assert [row["step"] for row in logged(tmp_path / "b")] == [1, 2, 3, 4]
+
+
+def test_the_empty_step_streak_survives_a_resume(tmp_path):
+    first, _ = empty_filter_trainer(tmp_path, steps=2, limit=3)
+    first.fit()  # two empty steps in a row, checkpointed
+    resumed, _ = empty_filter_trainer(tmp_path, steps=6, limit=3)
+    with pytest.raises(WatchdogStop, match="at step 3"):  # the third in a row, not the third since the resume
+        resumed.fit()
+    assert [row["rollout/empty_after_filter_steps"] for row in logged(tmp_path)] == [1, 2, 3]
 
 
 def test_a_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):

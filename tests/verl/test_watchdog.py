@@ -97,7 +97,7 @@ def watched_trainer(tmp_path, action: str, bad_step=3, steps=5, max_rollbacks=3,
                            watchdog=WatchdogConfig(action=action, max_rollbacks=max_rollbacks, rules={
                                "signal_floor": WatchdogRule(metric="test/signal", threshold=0.5, steps=1)}))
     agent = SeededAgent(bad_step)
-    trainer = PPOTrainer(config, AlgorithmConfig(adv_estimator="grpo"), RolloutConfig(rollout_filter_ratio=1.0),
+    trainer = PPOTrainer(config, AlgorithmConfig(adv_estimator="grpo"), RolloutConfig(rollout_filter_value=1.0),
                          RecordingWorkers([], "actor"), None, agent, Tracking(["jsonl"], str(tmp_path)),
                          run_config={"model_path": "tiny"})
     return trainer, agent

@@ -83,10 +83,20 @@ class RolloutConfig:
     # stops the run (verl/utils/fingerprint.py)
     check_weight_sync: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # trajectories per forward when scoring log-probs
-    # StarPO-S variance filter: train only on the start states whose trajectories disagree most
-    rollout_filter_ratio: float = 0.25  # top_k: fraction of groups kept; top_p: share of the summed std kept; 1 = off
-    rollout_filter_type: str = "std"  # std: keep the highest in-group reward std | std_rev: the lowest
-    rollout_filter_strategy: str = "top_k"  # top_k | top_p
+    # rollout filter (StarPO-S, with RAGEN-2's strategies): train only on the start-state groups that score
+    # highest (or lowest) by rollout_filter_metric, whole groups at a time (verl/trainer/core_algos.py)
+    rollout_filter_strategy: str = "top_k"  # top_p | top_k | top_k_abs | min_p
+    # top_p: share of the summed score (>= 1: every group) | top_k: fraction of the groups (1: every group) |
+    # top_k_abs: number of groups | min_p: fraction of the best score (smallest: the lowest score / value)
+    rollout_filter_value: float = 0.25
+    rollout_filter_type: str = "largest"  # largest: keep the highest scores | smallest: the lowest
+    # reward_variance (alias reward_std): in-group reward std | reward: mean reward | reward_sum | entropy: mean
+    # -log-prob of the sampled tokens (the rollout's own log-probs, no extra pass) | length: mean generated tokens
+    rollout_filter_metric: str = "reward_variance"
+    rollout_filter_include_zero: bool = True  # false: first drop the groups whose score is 0 (no reward spread)
+    rollout_filter_top_p_prob_mode: str = "linear"  # top_p over the scores themselves | softmax: over softmax(scores)
+    # a step whose filter keeps nothing trains on nothing; stop after this many such steps in a row (0: never)
+    rollout_filter_empty_stop_steps: int = 5
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 

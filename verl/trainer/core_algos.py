@@ -263,30 +263,122 @@ def normalize_scores(scores: torch.Tensor, group_keys: np.ndarray, method: str) 
     return REWARD_NORMALIZERS[method](scores, group_index(group_keys).to(scores.device))
 
 
-# ---- StarPO-S variance filter --------------------------------------------------------------------
-def select_groups(group_stds: torch.Tensor, ratio: float, filter_type: str, strategy: str,
-                  multiple: int = 1) -> torch.Tensor:
-    """Indices of the groups to keep, by in-group reward std (G,), most informative first.
+# ---- rollout filter (StarPO-S; RAGEN-2's strategies) -----------------------------------------------------
+# The filter keeps whole start-state groups: each group gets one score (FILTER_METRICS), the groups are ranked
+# by it (highest first for `largest`, lowest first for `smallest`) and a strategy (FILTER_STRATEGIES) says
+# how many of the ranked groups to keep. Every strategy keeps a prefix of the ranking, so it returns a count.
+ZERO_SCORE = 1e-10  # a group whose |score| is at most this says nothing: include_zero=False drops it first
+TOP_P_EPS = 0.01  # linear top_p stops once the kept scores reach value * sum - this (RAGEN-2's selection eps)
 
-    top_k keeps ceil(ratio * G) groups; top_p keeps the fewest groups whose stds add up to `ratio` of the
-    total. std keeps the highest stds, std_rev the lowest. The count is rounded up to a multiple of
-    `multiple` (so the kept samples fill whole mini-batches); ties keep the earlier group. A NaN std (a
-    group with a non-finite reward) ranks last either way: torch sorts NaN above every number.
+
+def _per_group(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Per-sample values (B,) that are equal within a group -> one per group (G,)."""
+    return torch.zeros(int(index.max()) + 1, dtype=values.dtype).index_put_((index,), values)
+
+
+def _group_mean(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return _per_group(group_mean_std(values, index)[0], index)
+
+
+def _group_sum(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    zeros = torch.zeros(int(index.max()) + 1, dtype=torch.float64)
+    return zeros.index_add(0, index, values.double()).to(values.dtype)
+
+
+def _mean_negative_log_prob(rollout_log_probs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) -> (B,): minus the mean log-prob of each trajectory's sampled tokens, a one-sample estimate of
+    the per-token entropy of the distribution the engine sampled from. No extra forward pass: the rollout
+    returns these log-probs anyway. 0 for a trajectory without generated tokens."""
+    return -(rollout_log_probs * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
+
+
+# metric(*, trajectory_rewards (B,), loss_mask (B, T), rollout_log_probs (B, T), index (B,)) -> scores (G,)
+FILTER_METRICS: dict[str, Callable[..., torch.Tensor]] = {
+    "reward_variance": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _per_group(
+        group_mean_std(trajectory_rewards, index)[1], index),  # unbiased std, despite the name (RAGEN-2's)
+    "reward": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _group_mean(
+        trajectory_rewards, index),
+    "reward_sum": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _group_sum(
+        trajectory_rewards, index),
+    "entropy": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _group_mean(
+        _mean_negative_log_prob(rollout_log_probs, loss_mask.float()), index),
+    "length": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _group_mean(
+        loss_mask.float().sum(-1), index),  # generated tokens per trajectory
+}
+FILTER_METRICS["reward_std"] = FILTER_METRICS["reward_variance"]  # RAGEN-2 accepts both names
+
+
+def _top_p_linear(ranked: torch.Tensor, value: float, largest: bool) -> int:
+    """The fewest leading groups whose scores add up to `value` of the total (less TOP_P_EPS), taking no group
+    with a score <= 0 (the ranking stops there); none when that share is never reached."""
+    threshold = value * ranked.sum() - TOP_P_EPS
+    before_first_non_positive = (ranked > 0).cumprod(0).bool()
+    reached = before_first_non_positive & (ranked.cumsum(0) >= threshold)
+    return int(reached.int().argmax()) + 1 if reached.any() else 0
+
+
+def _top_p_softmax(ranked: torch.Tensor, value: float, largest: bool) -> int:
+    """The fewest leading groups that hold `value` of softmax(scores) (of -scores for `smallest`). Depends on the
+    scores' scale: rewards of 0/1 give a near-uniform softmax, Sokoban's +10 a peaked one."""
+    probs = torch.softmax(ranked if largest else -ranked, 0)  # descending, like `ranked`'s order
+    return int(torch.searchsorted(probs.cumsum(0), torch.tensor([value], dtype=probs.dtype))) + 1
+
+
+TOP_P_PROB_MODES: dict[str, Callable[[torch.Tensor, float, bool], int]] = {
+    "linear": _top_p_linear, "softmax": _top_p_softmax}
+
+
+def top_k_count(value: float, num_groups: int) -> int:
+    """top_k's groups: int(value * num_groups), at least 1 (the slack keeps 0.29 * 100 at 29)."""
+    return max(1, int(value * num_groups + 1e-9))
+
+
+def _top_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str) -> int:
+    return len(ranked) if value >= 1 else TOP_P_PROB_MODES[prob_mode](ranked, value, largest)
+
+
+def _min_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str) -> int:
+    """largest: the scores >= value * max; smallest: the scores <= min / value (`ranked[0]` is the max or min)."""
+    kept = ranked >= value * ranked[0] if largest else ranked <= ranked[0] / value
+    return int(kept.sum())
+
+
+# strategy(ranked (N,), *, value, largest, num_groups, prob_mode) -> how many of the N ranked groups to keep
+FILTER_STRATEGIES: dict[str, Callable[..., int]] = {
+    "top_p": _top_p,
+    "top_k": lambda ranked, *, value, largest, num_groups, prob_mode: top_k_count(value, num_groups),
+    "top_k_abs": lambda ranked, *, value, largest, num_groups, prob_mode: max(1, int(value)),
+    "min_p": _min_p,
+}
+
+
+def select_groups(scores: torch.Tensor, *, strategy: str, value: float, largest: bool, include_zero: bool,
+                  prob_mode: str, multiple: int = 1) -> torch.Tensor:
+    """Indices of the groups to keep, best first, from one score per group (G,).
+
+    A NaN score (a group with a failed environment) is never kept. `include_zero=False` first drops the groups
+    whose |score| <= ZERO_SCORE. The others, the candidates, are ranked (ties keep the earlier group), and the
+    strategy keeps the first k of them (top_k: of all G groups; a strategy never keeps more than the candidates).
+
+    The kept count is then rounded UP to a multiple of `multiple` (the kept trajectories fill whole mini-batches)
+    with the next-ranked candidates, or DOWN where there are too few candidates for that, possibly to none. Up,
+    because every strategy's count is a least amount of signal (top_p: the fewest groups that hold the share)
+    and the groups added are the next most informative; never beyond the candidates, because a zero-score group
+    that include_zero=False excluded, or a failed one, must not come back as filler. A count of 0 (top_p's
+    share never reached, no candidate, min_p on negative scores) stays 0: the trainer skips that step.
     """
-    n_groups = len(group_stds)
-    descending = filter_type == "std"
-    ranked = group_stds.nan_to_num(nan=-math.inf if descending else math.inf, posinf=math.inf, neginf=-math.inf)
-    order = torch.sort(ranked, descending=descending, stable=True).indices
-    if ratio >= 1:
-        keep = n_groups
-    elif strategy == "top_k":
-        keep = math.ceil(ratio * n_groups - 1e-9)
-    else:
-        cumulative = torch.cumsum(group_stds[order].double().nan_to_num(nan=0.0), 0)
-        target = ratio * cumulative[-1] * (1 - 1e-6)  # relative slack: float rounding never adds a group
-        keep = n_groups if cumulative[-1] <= 0 else int((cumulative < target).sum()) + 1
-    keep = min(n_groups, math.ceil(max(keep, 1) / multiple) * multiple)
-    return order[:keep]
+    candidates = torch.nonzero(~scores.isnan() & (include_zero | (scores.abs() > ZERO_SCORE))).flatten()
+    if len(candidates) == 0:
+        return candidates
+    candidate_scores = scores[candidates].double()
+    order = torch.sort(candidate_scores, descending=largest, stable=True).indices
+    ranked = candidate_scores[order]  # (N,)
+    count = FILTER_STRATEGIES[strategy](ranked, value=value, largest=largest, num_groups=len(scores),
+                                        prob_mode=prob_mode)
+    count = min(count, len(ranked))
+    rounded_up = math.ceil(count / multiple) * multiple
+    count = rounded_up if rounded_up <= len(ranked) else len(ranked) // multiple * multiple
+    return candidates[order[:count]]
 
 
 # ---- policy and value losses ---------------------------------------------------------------------

@@ -17,9 +17,9 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.collapse import collapse_metrics, cross_scoring_pairs, repeat_to_multiple, score_matrix
 from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
-from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, KL_CONTROLLERS, apply_kl_penalty, balanced_order,
-                                     explained_variance, group_index, group_mean_std, masked_mean, select_groups,
-                                     turn_end_mask)
+from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, FILTER_METRICS, KL_CONTROLLERS, apply_kl_penalty,
+                                     balanced_order, explained_variance, group_index, group_mean_std, masked_mean,
+                                     select_groups, turn_end_mask)
 from verl.trainer.watchdog import ROLLBACK_SEED_STRIDE, Event, Watchdog, WatchdogStop
 from verl.utils import batch_file, checkpoint
 from verl.utils.tracking import Tracking, duration, progress, write_jsonl
@@ -60,6 +60,7 @@ class PPOTrainer:
         self.curriculum = curriculum
         self.watchdog = Watchdog(config.watchdog, config.default_local_dir)
         self.rollbacks = 0  # watchdog rollbacks so far: each one shifts the training seeds (`reseed`)
+        self.empty_steps = self.empty_streak = 0  # steps whose filter kept nothing: in all, and in a row now
         ctrl = algorithm.kl_ctrl
         self.kl_ctrl = KL_CONTROLLERS[ctrl.type](kl_coef=ctrl.kl_coef, target_kl=ctrl.target_kl, horizon=ctrl.horizon)
 
@@ -80,6 +81,7 @@ class PPOTrainer:
         while step < last:
             step += 1
             metrics = self.train_step(step)
+            metrics |= self.count_empty_step(metrics)
             events = self.watchdog.observe(step, metrics)
             self.tracker.log(metrics | self.watchdog.metrics(events), step)
             self.watchdog.announce(events)
@@ -93,6 +95,7 @@ class PPOTrainer:
                 continue
             nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
                                                     self.config.max_consecutive_nonfinite_steps)
+            self.stop_after_empty_steps(step)
             if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
                 self.save(step)
             if step == done + 1 and step < last:
@@ -114,7 +117,7 @@ class PPOTrainer:
             records = DataProto(non_tensor_batch={"record_index": np.arange(len(rollout.batch))})
             batch, filter_metrics = self.filter(rollout.batch.union(records))
             self.save_batch(batch, step)
-            if len(batch) > 0:  # none is left when every group had a failed environment: no update
+            if len(batch) > 0:  # an empty filtered batch skips the update; the step still counts
                 batch = self.train_on(batch, step, metrics)
             updated = "timing_s/update_actor" in metrics  # not on a zero-variance skip or in the critic warm-up
             self.save_records(with_advantages(rollout.records, batch, updated), "train", step)
@@ -125,30 +128,64 @@ class PPOTrainer:
         return rollout.metrics | filter_metrics | metrics
 
     def filter(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
-        """StarPO-S: keep the groups (start states) whose trajectories' rewards vary most.
+        """Keep the groups (start states) that score best by `rollout_filter_metric`, with the strategy of
+        `rollout_filter_strategy` (StarPO-S: the top 25% by reward std; core_algos.select_groups).
 
         A group with a trajectory whose environment failed (`env_failed`) is never kept: GRPO's or RLOO's
-        baseline over the survivors alone would be biased. The variance filter ranks the other groups; when
-        failures leave too few of them for whole mini-batches the count is rounded down, to none if need be."""
+        baseline over the survivors alone would be biased. The kept trajectories fill whole mini-batches
+        (`samples_multiple`); the batch may come back empty (`rollout/empty_after_filter`), and the step then
+        trains on nothing."""
         cfg = self.rollout_config
         rewards = batch.batch["trajectory_rewards"]
         index = group_index(batch.non_tensor_batch["group_ids"])
         _, stds = group_mean_std(rewards, index)
         group_stds = torch.zeros(int(index.max()) + 1).index_put_((index,), stds)  # (G,)
+        scores = FILTER_METRICS[cfg.rollout_filter_metric](
+            trajectory_rewards=rewards, loss_mask=batch.batch["loss_mask"],
+            rollout_log_probs=batch.batch["rollout_log_probs"], index=index).float()  # (G,)
         failed_groups = np.unique(index.numpy()[batch.non_tensor_batch["env_failed"].astype(bool)])
-        healthy = torch.as_tensor(np.setdiff1d(np.arange(len(group_stds)), failed_groups))  # (H,) group indices
+        scores[failed_groups] = float("nan")  # never kept
         group_size = len(batch) // len(group_stds)
-        multiple = groups_per_multiple(self.samples_multiple, group_size)
-        kept = healthy[select_groups(group_stds[healthy], cfg.rollout_filter_ratio, cfg.rollout_filter_type,
-                                     cfg.rollout_filter_strategy, multiple=multiple)] if len(healthy) else healthy
-        kept = kept[:len(kept) // multiple * multiple]
+        kept = select_groups(scores, strategy=cfg.rollout_filter_strategy, value=cfg.rollout_filter_value,
+                             largest=cfg.rollout_filter_type == "largest", include_zero=cfg.rollout_filter_include_zero,
+                             prob_mode=cfg.rollout_filter_top_p_prob_mode,
+                             multiple=groups_per_multiple(self.samples_multiple, group_size))
         keep = np.isin(index.numpy(), kept.numpy())
         metrics = {"rollout/in_group_std": group_stds.mean().item(),
                    "rollout/filter_kept_ratio": len(kept) / len(group_stds),
+                   "rollout/empty_after_filter": float(len(kept) == 0),
                    "rollout/env_failed_groups": float(len(failed_groups))}
+        if len(failed_groups) < len(scores):
+            metrics["rollout/filter_score_mean"] = scores.nanmean().item()
         if len(kept):
             metrics["rollout/chosen_in_group_std"] = group_stds[kept].mean().item()
+            metrics["rollout/chosen_filter_score_mean"] = scores[kept].mean().item()
         return batch[keep], metrics
+
+    def count_empty_step(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Count a step whose filter kept nothing (`rollout/empty_after_filter`): the running total is logged
+        as `rollout/empty_after_filter_steps`; both counts are saved with checkpoints (`save`, `load`)."""
+        empty = bool(metrics["rollout/empty_after_filter"])
+        self.empty_steps += empty
+        self.empty_streak = self.empty_streak + 1 if empty else 0
+        return {"rollout/empty_after_filter_steps": float(self.empty_steps)}
+
+    def stop_after_empty_steps(self, step: int) -> None:
+        """Stop the run, as a watchdog stop rule would (a report, `WatchdogStop`), once the filter has kept
+        nothing for `rollout_filter_empty_stop_steps` steps in a row (0: never): the run is no longer training."""
+        cfg = self.rollout_config
+        limit = cfg.rollout_filter_empty_stop_steps
+        if not 0 < limit <= self.empty_streak:
+            return
+        message = (f"the rollout filter kept no group for {self.empty_streak} steps in a row, so nothing was "
+                   f"trained on (strategy {cfg.rollout_filter_strategy} {cfg.rollout_filter_value:g} on "
+                   f"{cfg.rollout_filter_metric}, include_zero {cfg.rollout_filter_include_zero}): loosen "
+                   f"actor_rollout_ref.rollout.rollout_filter_*, or raise "
+                   f"actor_rollout_ref.rollout.rollout_filter_empty_stop_steps={limit} (0: never stop)")
+        event = Event(step, self.watchdog.attempt, "rollout_filter_empty_stop_steps", "stop",
+                      "rollout/empty_after_filter", 1.0, message)
+        self.watchdog.announce([event])
+        self.stop([event], f"The rollout filter kept nothing for {self.empty_streak} steps in a row: {message}.")
 
     def train_on(self, batch: DataProto, step: int, metrics: dict[str, float]) -> DataProto:
         """Score the kept trajectories, compute their advantages and update the critic and the actor; returns
@@ -267,7 +304,8 @@ class PPOTrainer:
         state = {"step": step, "world_size": self.actor_rollout_wg.world_size, "kl_coef": self.kl_ctrl.value,
                  "kl_ctrl": {"type": self.algorithm.kl_ctrl.type, "kl_coef": self.algorithm.kl_ctrl.kl_coef},
                  "healthy": self.watchdog.healthy(), "rollbacks": self.rollbacks,
-                 "watchdog_streaks": self.watchdog.streaks}
+                 "watchdog_streaks": self.watchdog.streaks,
+                 "empty_filter_steps": self.empty_steps, "empty_filter_streak": self.empty_streak}
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
         path = checkpoint.commit(staging, step, state, self.run_config, keep=self.config.max_actor_ckpt_to_keep,
@@ -305,6 +343,8 @@ class PPOTrainer:
         if rollbacks:
             self.set_rollbacks(rollbacks)
         self.watchdog.restore(state.get("watchdog_streaks", {}))
+        # absent in checkpoints written before the empty-filter stop
+        self.empty_steps, self.empty_streak = state.get("empty_filter_steps", 0), state.get("empty_filter_streak", 0)
         if self.curriculum is not None and "curriculum" in state:  # absent: saved by a run without one
             self.curriculum.load_state_dict(state["curriculum"])
         self.tracker.truncate(after_step=state["step"], set_aside_as=set_aside_as)  # else logged twice
