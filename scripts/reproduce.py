@@ -13,7 +13,10 @@ Writes to `--out` (default `results/<recipe>`):
   the training success of each seed;
 - `signals.png`: the echo-trap signals of each seed against the step (policy entropy, reward std over the
   batch and within groups, 4-gram repetition of the replies); results.md gives their early and late means.
-Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). A seed whose run already
+Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). With `--warm-start`, each seed's
+RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` (written to
+`runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted one starts over), so "before" in the
+table is the warm start's validation and "after" the RL's, on the same start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
 that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint
 (written every `--save-freq` steps, only the newest kept) and replays exactly what an uninterrupted run does,
@@ -42,6 +45,24 @@ def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides:
     return ["bash", str(ROOT / "train.sh"), recipe, f"trainer.seed={seed}", f"trainer.val_seed={val_seed}",
             f"trainer.experiment_name={recipe}_seed{seed}", f"trainer.default_local_dir={run_dir}",
             "trainer.val_before_train=true", f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
+
+
+def warm_start(recipe: str, seed: int, folder: Path) -> Path:
+    """The seed's warm start (sft/warm_start.sh), made once: `warm_start.json` marks a finished one."""
+    done = folder / "warm_start.json"
+    command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}"]
+    if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
+        print(f"[reproduce] seed {seed}: reusing the warm start in {folder}", flush=True)
+        return folder
+    print(f"[reproduce] {' '.join(command)}", flush=True)
+    start = time.time()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"warm_seed_{seed}.log", "a", encoding="utf-8") as log:
+        returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    if returncode != 0:
+        sys.exit(f"[reproduce] the warm start of seed {seed} failed (exit {returncode}): see {log.name}")
+    done.write_text(json.dumps({"command": command, "wall_time_s": time.time() - start}), encoding="utf-8")
+    return folder
 
 
 def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> float:
@@ -109,7 +130,7 @@ def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
                       "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,  # sample std over seeds
                       "before_mean": statistics.mean(before)}
     return {"recipe": recipe, "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
-            "overrides": args.overrides, "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
+            "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
 
@@ -204,6 +225,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="output folder (default results/<recipe>)")
     parser.add_argument("--save-freq", type=int, default=1,
                         help="checkpoint every this many steps, so an interrupted run resumes (only the newest kept)")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="start each seed's RL from its own sft/warm_start.sh model (made once per seed)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
     out = (args.out or ROOT / "results" / args.recipe).resolve()
@@ -213,7 +236,11 @@ def main() -> None:
     runs = {}
     for seed in args.seeds:
         run_dir = out / "runs" / f"seed_{seed}"
-        wall = train(args.recipe, seed, run_dir, args, overrides)
+        seed_overrides = overrides
+        if args.warm_start:
+            model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}")
+            seed_overrides = [f"model_path={model}", *overrides]
+        wall = train(args.recipe, seed, run_dir, args, seed_overrides)
         rows = read_metrics(run_dir)
         runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
                       "wall_time_s": wall, "rows": rows}
