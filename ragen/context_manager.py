@@ -11,9 +11,14 @@ header-style (Llama-3) templates alike.
 
 Two rules bound what a prompt holds:
 - `agent_proxy.max_context_window = k` shows the model the system message and only the last k turns
-  (the current state counts as one); the update still trains on the whole trajectory as one sequence,
-  so with a window the early replies are scored in a longer context than they were sampled in (RAGEN
-  does the same). -1 shows every turn.
+  (the current state counts as one); -1 shows every turn. A trajectory stays one row of the update, but
+  each token is scored in the context the engine saw it in: `to_batch` gives every token its position in
+  the prompt of its own turn (`position_ids`) and the first token whose prompt no longer holds it
+  (`hidden_from`), from which the trainer builds its attention mask (verl/utils/model.py). A turn here
+  runs from its state message to the template's end of its reply: what a prompt shows or drops whole.
+  With k = 1 this is exact. With k >= 2 the first k turns are exact; a later turn sees the earlier turns
+  of its window with the positions and hidden states they had in their own window, not as its prompt
+  showed them (one row cannot hold both), a gap `actor/rollout_kl` shows. -1 builds no mask.
 - A trajectory never outgrows the model: when the next state plus a reply of `response_length` tokens
   would exceed `max_model_len`, the trajectory ends after the turn it has played (`context_truncated`);
   no exception. Only a first prompt that cannot fit is an error (a config problem).
@@ -77,6 +82,23 @@ def reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
         elif not generated and start is not None:
             spans, start = spans + [(start, t)], None
     return spans
+
+
+def window_layout(turn_starts: list[int], length: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each of a trajectory's `length` tokens stood in the prompts of a `window`-turn context window:
+    its position in the prompt of its own turn, and `hidden_from`, the index of the first token whose prompt
+    no longer holds it (`length`: none). Turn j spans [turn_starts[j], turn_starts[j + 1]): its state message,
+    its reply and the template's end of that reply, which the next prompts show or drop together; the system
+    message before turn_starts[0] is in every prompt. Both (length,) long."""
+    positions = torch.arange(length)
+    hidden_from = torch.full((length,), length)
+    ends = turn_starts[1:] + [length]
+    for j, (start, end) in enumerate(zip(turn_starts, ends)):
+        first_shown = turn_starts[max(0, j - window + 1)]
+        positions[start:end] -= first_shown - turn_starts[0]  # the turns before the window are not in the prompt
+        if j + window < len(turn_starts):
+            hidden_from[start:end] = turn_starts[j + window]  # where turn j + window begins, turn j is dropped
+    return positions, hidden_from
 
 
 def token_pieces(tokenizer, sequences: list[list[int]]) -> list[list[str]]:
@@ -217,8 +239,11 @@ class ContextManager:
         last generated token. `trajectory_rewards` keeps the raw sums (for the filter and the metrics);
         `state_ids` gives every token of a turn the id of the state that turn answered (same text, same id).
         `rollout_log_probs` is aligned as the actor's `old_log_probs`: column t holds the engine's
-        log p(token t | tokens < t) where `loss_mask` is 1, and 0 elsewhere."""
+        log p(token t | tokens < t) where `loss_mask` is 1, and 0 elsewhere. With a context window,
+        `position_ids` and `hidden_from` say where each token stood in the prompts (`window_layout`;
+        padding: never hidden); without one there is no `hidden_from` and positions run 0, 1, ..."""
         batch_size, width = len(trajectories), max(len(t.input_ids) for t in trajectories)
+        window = self.config.max_context_window
         input_ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
         position_ids = torch.zeros((batch_size, width), dtype=torch.long)
@@ -227,6 +252,7 @@ class ContextManager:
         token_rewards = torch.zeros((batch_size, width), dtype=torch.float32)
         turn_ids = torch.full((batch_size, width), -1, dtype=torch.long)
         state_ids = torch.full((batch_size, width), -1, dtype=torch.long)
+        hidden_from = torch.full((batch_size, width), width, dtype=torch.long)
         scores = torch.tensor([sum(t.turn_rewards) for t in trajectories], dtype=torch.float32)
         norm = self.config.reward_normalization
         keys = {"state": group_ids, "batch": [0] * batch_size, "inductive": tags}[norm.grouping]
@@ -236,7 +262,10 @@ class ContextManager:
             n = len(t.input_ids)
             input_ids[i, :n] = torch.tensor(t.input_ids)
             attention_mask[i, :n] = 1
-            position_ids[i, :n] = torch.arange(n)
+            if window > 0:
+                position_ids[i, :n], hidden_from[i, :n] = window_layout(t.turn_starts, n, window)
+            else:
+                position_ids[i, :n] = torch.arange(n)
             loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
             rollout_log_probs[i, :n] = torch.tensor(t.rollout_log_probs, dtype=torch.float32)
             turn_ids[i, :n] = torch.tensor(t.turn_ids)
@@ -246,12 +275,12 @@ class ContextManager:
                 token_rewards[i, t.turn_ends] = torch.tensor(t.turn_rewards, dtype=torch.float32)
             else:
                 token_rewards[i, t.turn_ends[-1]] = normalized[i]
-        return DataProto(
-            batch={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+        tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                    "loss_mask": loss_mask, "rollout_log_probs": rollout_log_probs, "token_rewards": token_rewards,
-                   "trajectory_rewards": scores, "turn_ids": turn_ids, "state_ids": state_ids},
-            non_tensor_batch={"group_ids": np.array(group_ids), "tags": tags},
-        )
+                   "trajectory_rewards": scores, "turn_ids": turn_ids, "state_ids": state_ids}
+        if window > 0:
+            tensors["hidden_from"] = hidden_from
+        return DataProto(batch=tensors, non_tensor_batch={"group_ids": np.array(group_ids), "tags": tags})
 
     # ---- text ----------------------------------------------------------------------------------------
     def _system_prompt(self, tag: str) -> str:

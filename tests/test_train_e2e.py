@@ -126,6 +126,17 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
 
 
+def test_a_context_window_costs_no_rollout_gap(tiny_model_path, tmp_path):
+    """The recipe shows one turn a prompt (max_context_window 1): the update scores each reply in that prompt, so
+    with an fp32 engine its log-probs are the engine's (scored as one sequence they were off by up to 0.05)."""
+    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
+          "agent_proxy.max_turn=3", "trainer.val_before_train=false", "trainer.test_freq=-1",
+          "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.model.dtype=float32")
+    (metrics,) = read_metrics(tmp_path)
+    assert metrics["rollout/num_turns"] == 3
+    assert metrics["actor/rollout_logprob_diff_max"] < 1e-4 and abs(metrics["actor/rollout_kl"]) < 1e-8
+
+
 @pytest.mark.parametrize("algo, expected, absent", [
     ("starpo", ["actor/kl_loss", "critic/vf_loss"], []),  # KL loss to a reference policy, a critic
     ("grpo", ["actor/pg_loss"], ["critic/vf_loss", "actor/kl_loss"]),  # neither critic nor reference

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ragen.config import AgentProxyConfig, RewardNormalizationConfig
-from ragen.context_manager import ContextManager, Trajectory, parse_reply
+from ragen.context_manager import ContextManager, Trajectory, parse_reply, window_layout
 
 
 @pytest.fixture
@@ -118,6 +118,64 @@ def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
     assert batch.batch["turn_ids"][1].tolist() == [0, 0, -1, -1]
     assert batch.batch["state_ids"].tolist() == [[0, 0, 1, 1], [0, 0, -1, -1]]  # "s1" is one state in both
     assert batch.batch["trajectory_rewards"].tolist() == pytest.approx([0.9, 0.5])
+
+
+@pytest.mark.parametrize("window, positions, hidden_from", [
+    # system 0..2, then turns [3, 6), [6, 8), [8, 11)
+    (1, [0, 1, 2, 3, 4, 5, 3, 4, 3, 4, 5], [11, 11, 11, 6, 6, 6, 8, 8, 11, 11, 11]),
+    (2, [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 7], [11, 11, 11, 8, 8, 8, 11, 11, 11, 11, 11]),
+    (3, list(range(11)), [11] * 11),  # every turn fits: the whole sequence, causal
+])
+def test_window_layout_by_hand(window, positions, hidden_from):
+    layout = window_layout([3, 6, 8], length=11, window=window)
+    assert [t.tolist() for t in layout] == [positions, hidden_from]
+
+
+def windowed_trajectory(tokenizer, window: int, turns: int = 3) -> tuple[ContextManager, Trajectory, list[list[int]]]:
+    """A trajectory of `turns` turns through the real context manager, and what each turn's prompt + reply was."""
+    config = AgentProxyConfig(max_context_window=window, enable_think=False)
+    context = ContextManager(tokenizer, config, {"Toy": "Rules."}, {"Toy": ("Left",)}, [tokenizer.eos_token_id])
+    trajectory = context.start("Toy", "grid zero", actions_left=9)
+    seen = []
+    for turn in range(turns):
+        prompt, reply = context.prompt_ids(trajectory), encode(tokenizer, f"Left{turn}</answer>")
+        seen.append(prompt + reply)
+        context.add_response(trajectory, reply, [-1.0] * len(reply))
+        if turn + 1 < turns:
+            assert context.add_observation(trajectory, "grid " + "x" * (turn + 1), reward=0.0, actions_left=8 - turn,
+                                           response_length=16)
+    trajectory.turn_rewards, trajectory.turn_states = [0.0] * turns, [f"s{turn}" for turn in range(turns)]
+    return context, trajectory, seen
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_each_reply_attends_to_exactly_the_prompt_it_was_sampled_from(tokenizer, window):
+    """The tokens a turn's last reply token may attend to (s <= q < hidden_from[s]) are that turn's prompt and
+    reply, in order; their positions are those of the prompt wherever one row can give them (k = 1: always;
+    k = 2: the first two turns, and the system message and the turn's own tokens after them)."""
+    context, trajectory, seen = windowed_trajectory(tokenizer, window)
+    short = Trajectory(input_ids=[5, 6], loss_mask=[0, 1], rollout_log_probs=[0, -3.0], turn_ids=[0, 0], turn_ends=[1],
+                       turn_starts=[1], turn_rewards=[0.0], turn_states=["s"])
+    batch = context.to_batch([trajectory, short], group_ids=[0, 1], tags=["Toy", "Toy"]).batch
+    ids, positions, hidden_from = batch["input_ids"][0], batch["position_ids"][0], batch["hidden_from"][0]
+    system = trajectory.turn_starts[0]
+    for turn, (last, expected) in enumerate(zip(trajectory.turn_ends, seen)):
+        visible = [s for s in range(last + 1) if last < hidden_from[s]]
+        assert ids[visible].tolist() == expected
+        own = visible[:system] + [s for s in visible if s >= trajectory.turn_starts[turn]]
+        assert positions[own].tolist() == [visible.index(s) for s in own]
+        if window == 1 or turn < window:
+            assert positions[visible].tolist() == list(range(len(expected)))
+    width = len(trajectory.input_ids)
+    assert batch["hidden_from"][1].tolist() == [2] * 2 + [width] * (width - 2)  # never hidden; padding neither
+    assert batch["position_ids"][1].tolist() == [0, 1] + [0] * (width - 2)
+
+
+def test_without_a_window_the_batch_is_as_before(tokenizer):
+    context, trajectory, _ = windowed_trajectory(tokenizer, window=-1)
+    batch = context.to_batch([trajectory], group_ids=[0], tags=["Toy"]).batch
+    assert "hidden_from" not in batch  # the trainer then builds no (T, T) mask
+    assert batch["position_ids"][0].tolist() == list(range(len(trajectory.input_ids)))
 
 
 def one_turn(reward: float, state: str = "s") -> Trajectory:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
+import torch
 from huggingface_hub import errors
 
 from verl.utils import model as model_utils
@@ -98,3 +99,35 @@ def test_value_model_refuses_a_checkpoint_missing_backbone_weights(tmp_path, tin
     model_utils.load_value_model(tiny_model_path)
     with pytest.raises(ModelNotFoundError, match="model.layers.1.mlp.up_proj.weight"):
         model_utils.load_value_model(str(folder))
+
+
+def test_windowed_attention_mask_by_hand():
+    # one row: system 0..1, turn [2, 4), turn [4, 6) with a one-turn window, then a padding column
+    hidden_from = torch.tensor([[7, 7, 4, 4, 7, 7, 7]])
+    mask = model_utils.windowed_attention_mask(hidden_from)
+    assert mask.shape == (1, 1, 7, 7) and mask.dtype == torch.bool
+    assert mask[0, 0].int().tolist() == [[1, 0, 0, 0, 0, 0, 0],
+                                         [1, 1, 0, 0, 0, 0, 0],
+                                         [1, 1, 1, 0, 0, 0, 0],
+                                         [1, 1, 1, 1, 0, 0, 0],
+                                         [1, 1, 0, 0, 1, 0, 0],  # the first turn is out of the window
+                                         [1, 1, 0, 0, 1, 1, 0],
+                                         [1, 1, 0, 0, 1, 1, 1]]
+
+
+def test_forward_inputs_build_a_mask_only_for_a_window(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="eager")
+    batch = {"input_ids": torch.randint(100, (2, 5)), "attention_mask": torch.tensor([[1] * 5, [1, 1, 1, 0, 0]]),
+             "position_ids": torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]]), "loss_mask": torch.ones(2, 5)}
+    inputs = model_utils.forward_inputs(model, batch)
+    assert all(inputs[k] is batch[k] for k in ("input_ids", "attention_mask", "position_ids"))  # as before
+    assert model.config._attn_implementation == "eager"
+    never_hidden = model_utils.forward_inputs(model, batch | {"hidden_from": torch.full((2, 5), 5)})
+    assert never_hidden["attention_mask"].shape == (2, 1, 5, 5)
+    assert model.config._attn_implementation == "sdpa"  # eager would add the bool mask to the scores
+    with torch.no_grad():  # a window that hides nothing is plain causal attention over the real tokens
+        causal, windowed = model(**inputs).logits, model(**never_hidden).logits
+    torch.testing.assert_close(windowed[0], causal[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(windowed[1, :3], causal[1, :3], rtol=0, atol=1e-5)

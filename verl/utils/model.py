@@ -201,6 +201,31 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def forward_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`model(**...)`'s inputs for a batch of right-padded rows: input_ids, position_ids and the attention mask.
+
+    Without `hidden_from` in the batch the mask is the padding mask (B, T): causal attention over each row,
+    and no (T, T) mask is ever built. With it (a context window, ragen/context_manager.py) every token sees
+    only what the rollout engine's prompt held: the (B, 1, T, T) mask of `windowed_attention_mask`, which
+    transformers passes to the attention as it is. Flash-attention takes no such mask: a model loaded with
+    it is switched to PyTorch's sdpa here, once."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+              "position_ids": batch["position_ids"]}
+    if "hidden_from" not in batch:
+        return inputs
+    if model.config._attn_implementation != "sdpa":  # eager would add a bool mask as numbers
+        model.set_attn_implementation("sdpa")
+    return inputs | {"attention_mask": windowed_attention_mask(batch["hidden_from"])}
+
+
+def windowed_attention_mask(hidden_from: torch.Tensor) -> torch.Tensor:
+    """(B, T) -> (B, 1, T, T) bool, True where query q attends to key s: s <= q < hidden_from[s], causal and
+    only while s is in q's context. Every row holds at least its own token (hidden_from[s] > s)."""
+    steps = torch.arange(hidden_from.shape[1], device=hidden_from.device)
+    queries, keys = steps[:, None], steps[None, :]  # (T, 1), (1, T)
+    return ((keys <= queries) & (queries < hidden_from[:, None, :]))[:, None]  # (B, 1, T, T)
+
+
 def last_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
     """The decoder's final hidden states (B, T, H), after its last norm, for `model(**inputs)`.
 

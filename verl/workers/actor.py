@@ -29,7 +29,7 @@ from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fingerprint import check_weight_sync, weight_fingerprints
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import (DTYPES, attention_implementation, enable_activation_checkpointing,
+from verl.utils.model import (DTYPES, attention_implementation, enable_activation_checkpointing, forward_inputs,
                               last_hidden_states, load_causal_lm, load_tokenizer, read_weights, untied)
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
@@ -206,11 +206,11 @@ def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, w
 
     Logits are computed only at the positions that predict a marked token: in a multi-turn batch most
     tokens are prompts and observations, and the full-vocabulary logits cost more than the model's blocks.
-    Used by the PPO update and the scoring passes (at the rollout temperature) and the SFT loss
-    (ragen/sft/trainer.py, at 1)."""
+    With a context window (`hidden_from` in the batch) each token is scored in the context its turn's prompt
+    held (`forward_inputs`). Used by the PPO update and the scoring passes (at the rollout temperature) and
+    the SFT loss (ragen/sft/trainer.py, at 1)."""
     input_ids = batch["input_ids"]  # (B, T); FSDP computes in model.dtype over fp32 master weights
-    hidden = last_hidden_states(model, input_ids=input_ids, attention_mask=batch["attention_mask"],
-                                position_ids=batch["position_ids"])  # (B, T, H)
+    hidden = last_hidden_states(model, **forward_inputs(model, batch))  # (B, T, H)
     predicting = batch["loss_mask"][:, 1:].bool()  # (B, T-1): position t predicts token t+1
     scored = torch.nn.functional.pad(predicting, (1, 0))  # (B, T): token 0 has no prediction
     logits = model.get_output_embeddings()(hidden[:, :-1][predicting]).float() / temperature  # (N, V)

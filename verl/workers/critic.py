@@ -1,7 +1,8 @@
 """CriticWorker: the value model V(tokens < t), trained on the returns of GAE with a clipped value loss.
 
 Values are aligned like log-probs: `values[:, t]` is the value of the prefix before token t, read from the
-value head at position t - 1; column 0 is zero. They are trained only where `adv_mask` is 1.
+value head at position t - 1; column 0 is zero. They are trained only where `adv_mask` is 1. With a context
+window a value sees what the rollout engine's prompt held, as the actor's log-probs do (`forward_inputs`).
 """
 
 import torch
@@ -12,7 +13,8 @@ from verl.trainer.config import CriticConfig
 from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
-from verl.utils.model import attention_implementation, enable_activation_checkpointing, load_value_model, read_weights
+from verl.utils.model import (attention_implementation, enable_activation_checkpointing, forward_inputs,
+                              load_value_model, read_weights)
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 
 
@@ -73,7 +75,6 @@ class CriticWorker(Worker):
         return (losses * mask).sum(), metrics
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"]).logits  # (B, T, 1)
+        out = self.model(**forward_inputs(self.model, batch)).logits  # (B, T, 1)
         values = out[:, :-1, 0].float()  # position t - 1 holds V(tokens < t)
         return torch.nn.functional.pad(values, (1, 0))  # (B, T)

@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, LlamaForTokenClassification
 
 from ragen.config import AgentProxyConfig
-from ragen.context_manager import ContextManager, Trajectory
+from ragen.context_manager import ContextManager, Trajectory, reply_spans
 from verl.protocol import DataProto
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
 from verl.trainer.config import (ActorConfig, ActorRolloutRefConfig, CriticConfig, ModelConfig, OptimConfig,
@@ -411,6 +411,74 @@ def test_rollout_mismatch_is_zero_for_a_synced_fp32_engine_and_grows_when_it_dri
     assert drifted["actor/rollout_logprob_diff_mean"] > 0.01 and drifted["actor/rollout_kl"] > 1e-4
     assert drifted["actor/rollout_logprob_diff_max"] == pytest.approx(diff.max().item(), rel=1e-5)
     assert drifted["actor/rollout_logprob_diff_max"] > drifted["actor/rollout_logprob_diff_mean"]
+
+
+# ---- context window ------------------------------------------------------------------------------------
+def windowed_rollout(actor: LocalWorkerGroup, tokenizer, window: int, temperature: float,
+                     turns: int = 3) -> tuple[DataProto, list[list[tuple[list[int], list[int]]]]]:
+    """`turns` turns of three start states sampled by the actor's own engine through the real context manager
+    with a `window`-turn context window: the batch (zero advantages), and per row and turn (prompt, reply),
+    the prompt as the engine saw it."""
+    config = AgentProxyConfig(max_context_window=window, enable_think=False)
+    context = ContextManager(tokenizer, config, {"T": "Rules."}, {"T": ("Up",)}, [tokenizer.eos_token_id])
+    trajectories = [context.start("T", state, actions_left=9) for state in ("a", "a longer state", "b c")]
+    seen = [[] for _ in trajectories]
+    for turn in range(turns):
+        prompts = [list(context.prompt_ids(t)) for t in trajectories]  # a copy: it can be the growing trajectory
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=4, seed=turn)
+        out = actor.generate_sequences(DataProto(non_tensor_batch={"prompt_ids": prompts},
+                                                 meta_info={"sampling": sampling})).non_tensor_batch
+        for i, (trajectory, ids, log_probs) in enumerate(zip(trajectories, out["response_ids"],
+                                                             out["response_log_probs"])):
+            context.add_response(trajectory, list(ids), list(log_probs))
+            seen[i].append((prompts[i], list(ids)))
+            if turn + 1 < turns:  # states of different lengths: the rows differ in length
+                assert context.add_observation(trajectory, "x" * (turn + 3 * i + 1), reward=0.0,
+                                               actions_left=8 - turn, response_length=4)
+    for trajectory in trajectories:
+        trajectory.turn_rewards, trajectory.turn_states = [0.0] * turns, ["s"] * turns
+    batch = context.to_batch(trajectories, group_ids=[0, 1, 2], tags=["T"] * 3)
+    return batch.union(DataProto(batch={"advantages": torch.zeros(batch.batch["loss_mask"].shape)})), seen
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_with_a_context_window_every_reply_is_scored_in_the_prompt_it_was_sampled_from(tiny_model_path, tokenizer,
+                                                                                     window):
+    """Old and reference log-probs and values of every reply token are those of the model run on exactly the
+    prompt the engine saw plus the reply, and the update measures no gap to the engine. k = 2 is exact for the
+    first two turns; the third sees the second as it was in its own window, and the gap shows."""
+    temperature = 0.7
+    actor = local_actor(tiny_model_path, use_reference=True, temperature=temperature, ppo_micro_batch_size_per_gpu=2)
+    batch, seen = windowed_rollout(actor, tokenizer, window, temperature)
+    old = actor.compute_log_prob(batch).batch["old_log_probs"]
+    ref = actor.compute_ref_log_prob(batch).batch["ref_log_probs"]
+    values = local_critic(tiny_model_path).compute_values(batch).batch["values"]
+    policy, value_model = AutoModelForCausalLM.from_pretrained(tiny_model_path), load_value_model(tiny_model_path)
+    exact, approximate = [], []
+    for i, turns in enumerate(seen):
+        spans = reply_spans(batch.batch["loss_mask"][i].int().tolist())
+        assert len(spans) == len(turns)
+        for turn, ((start, end), (prompt, reply)) in enumerate(zip(spans, turns)):
+            ids = torch.tensor([prompt + reply])  # (1, P + R): what the engine ran
+            with torch.no_grad():
+                logits = policy(input_ids=ids).logits[0, len(prompt) - 1:-1] / temperature  # (R, V)
+                head = value_model(input_ids=ids).logits[0, len(prompt) - 1:-1, 0]  # (R,): V(tokens < t)
+            alone = logits.log_softmax(-1).gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
+            gap = max((old[i, start:end] - alone).abs().max().item(), (values[i, start:end] - head).abs().max().item())
+            (exact if window == 1 or turn < window else approximate).append(gap)
+    assert max(exact) < 1e-5, exact
+    torch.testing.assert_close(ref, old, rtol=0, atol=1e-6)  # the reference goes through the same window
+    metrics = actor.update_actor(batch)  # on-policy: the training forward's own log-probs against the engine's
+    if window == 1:
+        assert metrics["actor/rollout_logprob_diff_max"] < 1e-4 and abs(metrics["actor/rollout_kl"]) < 1e-8
+    else:
+        assert min(approximate) > 1e-5 and metrics["actor/rollout_logprob_diff_max"] > 1e-4
+
+    # scored as one causal sequence (as before windows were masked), the later turns are off
+    whole = {k: v for k, v in batch.batch.items() if k != "hidden_from"}
+    whole["position_ids"] = torch.arange(whole["input_ids"].shape[1]) * whole["attention_mask"]
+    causal = actor.compute_log_prob(DataProto(batch=whole)).batch["old_log_probs"]
+    assert (causal - batch.batch["rollout_log_probs"]).abs().max() > 1e-3
 
 
 def test_truncated_importance_sampling_weights_each_tokens_loss(tiny_model_path, tokenizer):
