@@ -23,9 +23,14 @@ REPO = Path(__file__).parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int], list[int]]:
+# The Sokoban recipe in whole turns with thinking (the recipe itself plays one move a turn without thinking)
+THINKING = ["agent_proxy.enable_think=true", "agent_proxy.max_actions_per_turn=2", "agent_proxy.max_turn=5",
+            "agent_proxy.max_context_window=-1", "es_manager.train.env_configs.tags=[SimpleSokoban]"]
+
+
+def replay(row: dict, recipe: str, tokenizer, model_path: str, overrides=()) -> tuple[list[int], list[int]]:
     """The conversation rebuilt by hand from its turns with the RL context manager, the env and the oracle's replies."""
-    cfg = load_config(recipe)
+    cfg = load_config(recipe, list(overrides))
     spec = cfg.custom_envs[row["tag"]]
     env = make_env(spec.env_type, dict(spec.env_config))
     context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, {row["tag"]: env}, eos_token_ids(model_path, tokenizer))
@@ -48,12 +53,12 @@ def replay(row: dict, recipe: str, tokenizer, model_path: str) -> tuple[list[int
 
 
 def test_sokoban_data_matches_the_context_manager_token_for_token(bundled_model_path, tokenizer):
-    table = expert_episodes(load_config("sokoban"), range(100, 112), "train")
+    table = expert_episodes(load_config("sokoban", THINKING), range(100, 112), "train")
     rows = table.to_pylist()
     assert [r["seed"] for r in rows] == list(range(100, 112))
     assert sum(r["success"] for r in rows) >= 10  # BFS solves nearly every 6x6 one-box level within 10 actions
     for row in rows:
-        input_ids, loss_mask = replay(row, "sokoban", tokenizer, bundled_model_path)
+        input_ids, loss_mask = replay(row, "sokoban", tokenizer, bundled_model_path, THINKING)
         assert row["input_ids"] == input_ids and row["loss_mask"] == loss_mask
         assert row["text"] == tokenizer.decode(input_ids)
         turns = json.loads(row["turns"])
@@ -68,7 +73,7 @@ def test_sokoban_data_matches_the_context_manager_token_for_token(bundled_model_
 
 
 def test_the_oracle_plays_the_first_moves_of_a_bfs_solution(bundled_model_path):
-    row = expert_episodes(load_config("sokoban"), range(7, 8), "train").to_pylist()[0]
+    row = expert_episodes(load_config("sokoban", THINKING), range(7, 8), "train").to_pylist()[0]
     env = make_env("sokoban", dict(load_config("sokoban").custom_envs["SimpleSokoban"].env_config))
     env.reset(seed=7)
     plan = ORACLE_PLANS[type(env)](env)
@@ -78,12 +83,12 @@ def test_the_oracle_plays_the_first_moves_of_a_bfs_solution(bundled_model_path):
 
 
 def test_describe_state_puts_the_env_description_first_in_the_thought(bundled_model_path, tokenizer):
-    cfg = load_config("sokoban")
+    cfg = load_config("sokoban", THINKING)
     rows = expert_episodes(cfg, range(20, 24), "train", describe_state=True).to_pylist()
     plain = expert_episodes(cfg, range(20, 24), "train").to_pylist()
     env = make_env("sokoban", dict(cfg.custom_envs["SimpleSokoban"].env_config))
     for row, plain_row in zip(rows, plain):
-        input_ids, loss_mask = replay(row, "sokoban", tokenizer, bundled_model_path)
+        input_ids, loss_mask = replay(row, "sokoban", tokenizer, bundled_model_path, THINKING)
         assert row["input_ids"] == input_ids and row["loss_mask"] == loss_mask
         turns, plain_turns = json.loads(row["turns"]), json.loads(plain_row["turns"])
         assert [t["actions"] for t in turns] == [t["actions"] for t in plain_turns]  # the same play
@@ -99,7 +104,8 @@ def test_describe_state_puts_the_env_description_first_in_the_thought(bundled_mo
 
 @pytest.mark.parametrize("window", [-1, 1])
 def test_per_move_rows_are_the_prompts_the_model_saw(window, bundled_model_path, tokenizer):
-    overrides = ["agent_proxy.max_actions_per_turn=1", "agent_proxy.max_turn=10", f"agent_proxy.max_context_window={window}"]
+    overrides = [*THINKING, "agent_proxy.max_actions_per_turn=1", "agent_proxy.max_turn=10",
+                 f"agent_proxy.max_context_window={window}"]
     rows = expert_episodes(load_config("sokoban", overrides), range(100, 104), "train", per_move=True).to_pylist()
     episodes = {r["seed"]: r for r in expert_episodes(load_config("sokoban", overrides), range(100, 104), "train").to_pylist()}
     for seed, episode in episodes.items():
@@ -127,7 +133,7 @@ def test_per_move_rows_are_the_prompts_the_model_saw(window, bundled_model_path,
                         per_move=True)
 
 
-@pytest.mark.parametrize("recipe", ["frozen_lake", "bandit", "countdown"])
+@pytest.mark.parametrize("recipe", ["sokoban", "frozen_lake", "bandit", "countdown"])
 def test_every_recipe_with_an_oracle_gets_well_formed_data(recipe, bundled_model_path, tokenizer):
     rows = expert_episodes(load_config(recipe), range(0, 3), "test").to_pylist()
     for row in rows:
