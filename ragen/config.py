@@ -92,6 +92,9 @@ class AgentProxyConfig:
     enable_think: bool = True  # ask for <think>...</think> before <answer>; the prompt opens <think> (false: <answer>)
     max_context_window: int = -1  # turns shown in a prompt, the current one included; -1 shows all
     use_turn_scores: bool = False  # each turn's reward on its last generated token, else the sum on the last
+    # plain: <think>...</think><answer>...</answer> | world_model (SPA): the thought holds
+    # <observation>current state</observation> ... <prediction>state after the actions</prediction>
+    reply_format: str = "plain"
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
 
 

@@ -22,6 +22,12 @@ Two rules bound what a prompt holds:
 - A trajectory never outgrows the model: when the next state plus a reply of `response_length` tokens
   would exceed `max_model_len`, the trajectory ends after the turn it has played (`context_truncated`);
   no exception. Only a first prompt that cannot fit is an error (a config problem).
+
+`agent_proxy.reply_format` picks what the prompts ask for: `plain`, `<think>…</think><answer>…</answer>`, or
+`world_model` (SPA, arXiv 2510.15047), whose thought first copies the current state into
+`<observation>…</observation>` and ends with the state the actions will lead to in
+`<prediction>…</prediction>`. Both parse the same way: the actions come from `<answer>`, and the state tags
+inside the thought are text like any other (ragen/sft/world_model.py fills them with the true states).
 """
 
 import re
@@ -30,12 +36,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ragen.config import AgentProxyConfig
+from ragen.config import AgentProxyConfig, ConfigError
 from verl.protocol import DataProto
 from verl.trainer.core_algos import normalize_scores
 
 SYSTEM_PROMPT = "You are a helpful assistant that solves tasks step by step."
 ANSWER_CLOSE = "</answer>"  # the rollout's stop string
+REPLY_FORMATS = ("plain", "world_model")  # agent_proxy.reply_format
+# the world-model spans inside <think> (SPA): the state the turn answers, the state after its actions
+OBSERVATION_OPEN, OBSERVATION_CLOSE = "<observation>", "</observation>"
+PREDICTION_OPEN, PREDICTION_CLOSE = "<prediction>", "</prediction>"
 _PROBE = "RAGEN_PROBE_MESSAGE"
 # Text between tags may not contain another think/answer tag, so "<think>a</think>b</think>" is malformed.
 _NO_TAG = r"((?:(?!</?think>|</?answer>).)*)"
@@ -158,6 +168,11 @@ class ContextManager:
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
         self.action_choices = action_choices or {}  # per env tag, where the env lists its moves every turn
         self.eos_ids, self.max_model_len = eos_ids, max_model_len
+        if config.reply_format not in REPLY_FORMATS:
+            raise ConfigError(f"agent_proxy.reply_format={config.reply_format!r}: choose one of {list(REPLY_FORMATS)}")
+        if config.reply_format == "world_model" and not config.enable_think:
+            raise ConfigError("agent_proxy.reply_format=world_model writes the states inside <think>: it needs "
+                              "agent_proxy.enable_think=true")
         self.reply_open = reply_opening(config.enable_think)
         probe = self._render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                               {"role": "assistant", "content": _PROBE}], add_generation_prompt=False)
@@ -289,7 +304,14 @@ class ContextManager:
         # model answers one action per turn (FrozenLake: 0 of 44 well-formed sampled replies named two)
         actions = self.example_actions[tag][:cfg.max_actions_per_turn]
         answer = f" {cfg.action_sep} ".join(actions)
-        if cfg.enable_think:  # a worked example, not a placeholder template: small models copy placeholders
+        if cfg.reply_format == "world_model":  # the states in words: an example grid would be copied as the state
+            fmt = ("Reply with your reasoning in <think></think> and then your action in <answer></answer>. Begin "
+                   f"the reasoning by copying the current state into {OBSERVATION_OPEN}{OBSERVATION_CLOSE} and end "
+                   f"it with the state your actions lead to in {PREDICTION_OPEN}{PREDICTION_CLOSE}, for example: "
+                   f"<think>{OBSERVATION_OPEN}the current state{OBSERVATION_CLOSE}I think {' then '.join(actions)} "
+                   f"is a good move.{PREDICTION_OPEN}the state after {' then '.join(actions)}{PREDICTION_CLOSE}"
+                   f"</think><answer>{answer}</answer>")
+        elif cfg.enable_think:  # a worked example, not a placeholder template: small models copy placeholders
             fmt = ("Reply with your reasoning in <think></think> and then your action in <answer></answer>, "
                    f"for example: <think>I think {' then '.join(actions)} is a good move.</think>"
                    f"<answer>{answer}</answer>")
@@ -306,6 +328,9 @@ class ContextManager:
         # first replies with this line and in 2 % without it (the list in the system prompt is too far back)
         choices = f"Choose from {self.action_choices[tag]}. " if tag in self.action_choices else ""
         reply = "<think>...</think><answer>...</answer>" if cfg.enable_think else "<answer>...</answer>"
+        if cfg.reply_format == "world_model":
+            reply = (f"<think>{OBSERVATION_OPEN}...{OBSERVATION_CLOSE}...{PREDICTION_OPEN}...{PREDICTION_CLOSE}"
+                     "</think><answer>...</answer>")
         most = min(cfg.max_actions_per_turn, actions_left)
         limit = f", up to {most} actions separated by '{cfg.action_sep}'" if most > 1 else ""
         return (f"{feedback}Turn {turn}. State:\n{obs}\nYou have {actions_left} actions left. "
