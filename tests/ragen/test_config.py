@@ -366,8 +366,8 @@ def test_the_ragen_readme_command_is_translated_with_a_notice(capsys):
     ("logging.mode=console", lambda c: c.trainer.logger, ["console"]),
     ("logging.mode=['wandb']", lambda c: c.trainer.logger, ["wandb"]),
     ("logging.log_image_step_size=1", lambda c: c.logging.log_image_step_size, 1),  # the same key today
-    ("env.dim_x=7", lambda c: c.custom_envs["SimpleSokoban"].env_config["dim_x"], 7),
-    ("env.env_kwargs.search_depth=40", lambda c: c.custom_envs["SimpleSokoban"].env_config["search_depth"], 40),
+    ("env.dim_x=7", lambda c: c.custom_envs[c.es_manager.train.env_configs.tags[0]].env_config["dim_x"], 7),
+    ("env.env_kwargs.search_depth=40", lambda c: c.custom_envs[c.es_manager.train.env_configs.tags[0]].env_config["search_depth"], 40),
 ])
 def test_old_ragen_keys_set_todays(old, read_back, expected):
     assert read_back(load("sokoban", old)) == expected
@@ -417,8 +417,9 @@ def test_the_first_readme_environment_variables_become_overrides(capsys):
               "LOG_MODE": "['wandb']", "GCP": "True", "N_GPUS": "1", "ROLLOUT_TP_SIZE": "1", "HOME": "/root"}
     overrides = from_env_vars(readme)
     cfg = load("sokoban", *overrides)
-    assert cfg.custom_envs["SimpleSokoban"].env_config == {"dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5,
-                                                           "search_depth": 30, "cell_separator": ""}
+    assert cfg.custom_envs["CoordSokoban"].env_config == {  # the recipe's tag
+        "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5, "search_depth": 30, "cell_separator": " ",
+        "observation_format": "grid_coord"}
     assert (cfg.model_path, cfg.trainer.experiment_name) == ("Qwen/Qwen2.5-0.5B", "test-qwen2.5-0.5b")
     assert (cfg.es_manager.train.env_groups, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (128, 64)
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1 and cfg.agent_proxy.max_turn == 5
