@@ -62,12 +62,13 @@ def test_the_first_readme_environment_variables_train(tiny_model_path, tmp_path)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
                             env={**os.environ, **readme, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "DIM_X=6: RAGEN's old variable, now ++custom_envs.SimpleSokoban.env_config.dim_x=6" in result.stderr
+    assert "DIM_X=6: RAGEN's old variable, now ++custom_envs.CoordSokoban.env_config.dim_x=6" in result.stderr
     assert "MAX_START_LENGTH=400 ignored" in result.stderr and "(nearest: actor_rollout_ref.rollout.max_model_len)" \
         in result.stderr
     cfg = hydra_config(tmp_path)
-    assert cfg["custom_envs"]["SimpleSokoban"]["env_config"] == {
-        "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5, "search_depth": 30, "cell_separator": ""}
+    assert cfg["custom_envs"]["CoordSokoban"]["env_config"] == {  # the sokoban recipe's tag
+        "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5, "search_depth": 30, "cell_separator": " ",
+        "observation_format": "grid_coord"}
     assert (cfg["model_path"], cfg["trainer"]["experiment_name"], cfg["trainer"]["logger"]) == (
         tiny_model_path, "test-tiny", ["wandb"])
     assert (cfg["agent_proxy"]["max_turn"], cfg["actor_rollout_ref"]["rollout"]["response_length"]) == (2, 16)

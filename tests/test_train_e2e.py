@@ -122,7 +122,7 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     validation, metrics = read_metrics(tmp_path)
     assert validation["step"] == 0 and validation["val/num_turns"] == 2  # greedy validation of the untrained model
     assert metrics["rollout/num_turns"] == 2  # a random model never solves it, so both turns run
-    assert metrics["train/SimpleSokoban/success"] == 0.0
+    assert metrics["train/CoordSokoban/success"] == 0.0
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
 
 
@@ -249,12 +249,12 @@ def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_pat
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     header, row = result.stdout.splitlines()[:2]
-    assert header.split()[:4] == ["env", "success", "pass@1", "pass@2"] and row.split()[0] == "SimpleSokoban"
+    assert header.split()[:4] == ["env", "success", "pass@1", "pass@2"] and row.split()[0] == "CoordSokoban"
     records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["group_id"] for r in records} == {0, 1}
     assert all(1 <= len(r["turns"]) <= 2 for r in records)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["val-env/SimpleSokoban/num_turns"] == pytest.approx(sum(len(r["turns"]) for r in records) / 4)
+    assert metrics["val-env/CoordSokoban/num_turns"] == pytest.approx(sum(len(r["turns"]) for r in records) / 4)
 
 
 def test_lora_run_then_eval_of_its_checkpoint(tiny_model_path, tmp_path):
@@ -275,4 +275,4 @@ def test_lora_run_then_eval_of_its_checkpoint(tiny_model_path, tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.splitlines()[1].split()[0] == "SimpleSokoban"
+    assert result.stdout.splitlines()[1].split()[0] == "CoordSokoban"

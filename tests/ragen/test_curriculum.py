@@ -163,10 +163,10 @@ def test_a_curriculum_config_validates_and_takes_the_run_length_by_default():
     ("es_manager.train.curriculum.type=linear", r"curriculum.type='linear': choose one of \['none', 'schedule'"),
     ("es_manager.train.curriculum.levels=[]", r"curriculum.levels is empty: give the values of .*'search_depth'"),
     ("es_manager.train.curriculum.levels=[2,10]", r"levels: search_depth=2 is not valid for training tag "
-                                                  r"'SimpleSokoban': search_depth=2 must be >= 3"),
+                                                  r"'CoordSokoban': search_depth=2 must be >= 3"),
     ("es_manager.train.curriculum.levels=[5,5]", r"levels=\[5, 5\]: each value may appear once"),
     ("es_manager.train.curriculum.key=symbols", r"key='symbols' is not an int field of the sokoban config of "
-                                                r"training tag 'SimpleSokoban': choose one of \['dim_x'"),
+                                                r"training tag 'CoordSokoban': choose one of \['dim_x'"),
     ("es_manager.train.curriculum.key=depth", r"key='depth' is not an int field"),
     ("es_manager.train.curriculum.sigma=0", r"curriculum.sigma must be finite and > 0"),
     ("es_manager.train.curriculum.mu_exp=-1", r"curriculum.mu_exp must be finite and > 0"),
