@@ -79,8 +79,11 @@ def png_bytes(rgb: np.ndarray) -> bytes:
 
 def state_picture(text: str, tiles: dict[str, np.ndarray]) -> np.ndarray | None:
     """The env's `rgb_array` picture redrawn from its text state; None when the text is not a rectangle
-    of the tiles' symbols (a truncated or foreign state is shown as text only)."""
-    rows = text.strip("\n").split("\n")
+    of the tiles' symbols (a truncated or foreign state, or coordinates alone, is shown as text only). The
+    coordinate lines above a `Grid:` line (`observation_format: grid_coord`) are skipped, and cells may be
+    separated by spaces (`cell_separator`): the symbols themselves are never whitespace."""
+    grid = text.split("Grid:\n", 1)[1] if "Grid:\n" in text else text
+    rows = [row.replace(" ", "") for row in grid.strip("\n").split("\n")]
     if not rows[0] or len({len(row) for row in rows}) != 1 or not set("".join(rows)) <= tiles.keys():
         return None
     return grid_to_rgb(np.array([list(row) for row in rows]), tiles)

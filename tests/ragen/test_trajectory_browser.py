@@ -29,6 +29,10 @@ CUSTOM_ENVS = {
     "SimpleSokoban": CustomEnvConfig("sokoban", 10, {"dim_x": 6, "dim_y": 6}),
     "SokobanDifferentGridVocab": CustomEnvConfig("sokoban", 10, {"dim_x": 7, "dim_y": 6, "symbols": "W.T*BAa"}),
     "FrozenLake": CustomEnvConfig("frozen_lake", 20, {"size": 4, "is_slippery": False}),
+    "CoordSokoban": CustomEnvConfig("sokoban", 10, {"dim_x": 6, "dim_y": 6, "cell_separator": " ",
+                                                    "observation_format": "grid_coord"}),
+    "CoordFrozenLake": CustomEnvConfig("frozen_lake", 20, {"size": 4, "is_slippery": False, "cell_separator": " ",
+                                                           "observation_format": "grid_coord"}),
     "Bandit": CustomEnvConfig("bandit", 1, {}),
 }
 HOSTILE = """<script>alert(1)</script><img src=x onerror=alert(2)> "double" 'single' </textarea></script>"""
@@ -169,7 +173,9 @@ def test_pick_spreads_over_groups_and_keeps_batch_order():
 
 @pytest.mark.parametrize("tag, actions", [("SimpleSokoban", ["Up", "Left", "Down"]),
                                           ("SokobanDifferentGridVocab", ["Right", "Down"]),
-                                          ("FrozenLake", ["Right", "Down", "Right"])])
+                                          ("FrozenLake", ["Right", "Down", "Right"]),
+                                          ("CoordSokoban", ["Up", "Left", "Down"]),  # coordinates, spaced cells
+                                          ("CoordFrozenLake", ["Right", "Down", "Right"])])
 def test_grid_states_are_drawn_as_the_envs_own_pictures(tmp_path, tag, actions):
     record = play(tag, actions, seed=3)
     page = write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)[0]
