@@ -20,6 +20,7 @@ from ragen.envs import ENV_REGISTRY, check_env_config
 from verl.trainer.watchdog import ACTIONS, CONDITIONS
 from verl.trainer.config import (ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, LoraConfig, OptimConfig,
                                  RayConfig, TrainerConfig)
+from verl.utils import run_folder
 from verl.utils.tracking import Tracking
 
 
@@ -103,7 +104,8 @@ class LoggingConfig:
     """The HTML trajectory browser (ragen/trajectory_browser.py); RAGEN's key names."""
 
     log_images: bool = True  # trajectory pages with the rendered states (ragen.train.trajectory_pages says when)
-    log_image_dir: str = "log/trajectory"  # <log_image_dir>/<experiment>/{step,val_step}_<N>/; serve with http.server
+    # <log_image_dir>/{step,val_step}_<N>/ and index.html, inside the run folder; serve with http.server
+    log_image_dir: str = "${trainer.default_local_dir}/pages"
     log_image_step_size: int = 4  # training steps 1, every this many, and the last; every validation
     log_n_image_per_batch: int = 32  # trajectories per logged step, spread over the start states; -1: all
 
@@ -193,8 +195,19 @@ def _validate_run(cfg: RagenConfig, world_size: int) -> None:
     _check(trainer.collapse_mi_replies >= 1, "trainer.collapse_mi_replies must be >= 1 (replies per input)")
     _check(set(trainer.logger) <= set(Tracking.SUPPORTED),
            f"trainer.logger={list(trainer.logger)}: choose from {list(Tracking.SUPPORTED)}")
-    _check(bool(trainer.project_name.strip()) and bool(trainer.experiment_name.strip()),
-           "trainer.project_name and trainer.experiment_name must not be blank: they name the run")
+    for key in ("project_name", "experiment_name"):
+        problem = run_folder.check_name(f"trainer.{key}", getattr(trainer, key))
+        _check(problem is None, problem)
+    _check((problem := run_folder.check_run_dir(trainer.default_local_dir)) is None, problem)
+    for key, path in (("trainer.rollout_data_dir", trainer.rollout_data_dir), ("logging.log_image_dir",
+                                                                                logging.log_image_dir)):
+        if path is not None:
+            _check((problem := run_folder.check_inside(key, path, trainer.default_local_dir)) is None, problem)
+    own_checkpoint = mode not in ("auto", "disable") and \
+        Path(mode).resolve().parent == Path(trainer.default_local_dir).resolve()
+    _check(not (trainer.overwrite and own_checkpoint),
+           f"trainer.overwrite=true moves {trainer.default_local_dir} aside, and trainer.resume_mode={mode} is in it: "
+           "resume from it without overwrite, or start afresh with trainer.resume_mode=disable as well")
     _check(math.isfinite(cfg.ray.num_cpus_per_worker) and cfg.ray.num_cpus_per_worker > 0,
            "ray.num_cpus_per_worker must be finite and > 0 (a fraction such as 0.5 is fine)")
     _check(logging.log_image_step_size >= 1, "logging.log_image_step_size must be >= 1")

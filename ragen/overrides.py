@@ -312,6 +312,9 @@ def from_env_vars(environ: Mapping[str, str], recipe: str = ENV_VAR_RECIPE) -> l
     for var, key in ENV_VARS.items():
         if var not in environ:
             continue
+        if any(not ch.isprintable() for ch in environ[var]):  # a newline would make two overrides of one value
+            raise ConfigError(f"{var}={environ[var]!r} holds a control character (a newline, a tab): an old "
+                              "variable's value is one override, so it must be printable")
         entry = OLD_KEYS.get(key)
         if isinstance(entry, Removed):
             print(f"[ragen] {var}={environ[var]} ignored: {entry.why} (nearest: {entry.nearest})", file=sys.stderr)

@@ -44,7 +44,10 @@ def replay(run_dir: str | Path, step: int, save: str | Path | None = None) -> bo
     start = start_checkpoint(run_dir, step)
     cfg, saved = run_config(run_dir, start)
     first = checkpoint.read_trainer_state(start)["step"] + 1
-    batches = [batch_file.read_batch(path) for path in batch_paths(cfg, saved, range(first, step + 1))]
+    try:
+        batches = [batch_file.read_batch(path) for path in batch_paths(cfg, saved, range(first, step + 1))]
+    except batch_file.BatchFileError as e:
+        raise ReplayError(f"{e}: this step cannot be replayed") from e
     ranks = world_size(cfg)
     check_ranks(start, ranks)
     validate(cfg, ranks)
@@ -96,6 +99,7 @@ def run_config(run_dir: Path, start: Path) -> tuple[RagenConfig, dict]:
     if records is not None and Path(records).is_relative_to(old_dir):
         config.trainer.rollout_data_dir = str(run_dir / Path(records).relative_to(old_dir))
     config.trainer.default_local_dir, config.trainer.resume_mode = str(run_dir), str(start)
+    config.logging.log_image_dir = str(run_dir / "pages")  # a replay writes none; an older run's may lie outside
     return OmegaConf.to_object(config), saved
 
 

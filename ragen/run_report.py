@@ -26,7 +26,7 @@ def print_banner(cfg: RagenConfig, use_critic: bool) -> None:
             "from scratch (no checkpoint to resume from)"
     else:
         lines["start"] = (f"resuming from {resume_from} (step {done}); to start over instead: "
-                          "trainer.resume_mode=disable or another trainer.experiment_name")
+                          "another trainer.experiment_name, or trainer.overwrite=true (moves this run aside)")
     if use_critic:
         lines["critic"] = "restored from the checkpoint" if resume_from is not None else \
             "the model's weights with a new value head, trained from scratch"
@@ -43,14 +43,14 @@ def destinations(cfg: RagenConfig) -> dict[str, str]:
     metrics = {"console": "this console", "jsonl": f"{run_dir}/metrics.jsonl",
                "wandb": f"Weights & Biases project {trainer.project_name} (offline: {run_dir}/wandb/)",
                "tensorboard": f"{run_dir}/tensorboard/"}
-    pages = Path(logging.log_image_dir) / trainer.experiment_name
+    pages = Path(logging.log_image_dir)
     return {
         "metrics": ", ".join(metrics[name] for name in trainer.logger),
         "plots": f"{run_dir}/plots/ after the last step (any time: python -m ragen.plot {run_dir})"
                  if "jsonl" in trainer.logger else "none (they are drawn from the jsonl logger's metrics)",
         "records": f"{trainer.rollout_data_dir}/{{train,val}}/step_<N>.jsonl" if trainer.rollout_data_dir
                    else "not saved (trainer.rollout_data_dir=null)",
-        "pages": f"{pages}/index.html (cd {logging.log_image_dir} && python -m http.server)" if logging.log_images
+        "pages": f"{pages}/index.html (python -m http.server -d {pages})" if logging.log_images
                  else "none (logging.log_images=false)",
     }
 
@@ -79,7 +79,8 @@ def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None, w
         went_on = "the same command resumes from it (trainer.resume_mode=auto, the default)" \
             if trainer.resume_mode == "auto" else "trainer.resume_mode=auto resumes from it"
     lines = {"checkpoint": f"{last}: {went_on}" if last is not None else
-             f"none written yet ({saved_when(trainer.save_freq)}: trainer.save_freq): the same command starts over"}
+             f"none written yet ({saved_when(trainer.save_freq)}: trainer.save_freq): to start over in this folder, "
+             "add trainer.overwrite=true (moves what the run wrote aside)"}
     if fresh:
         lines["metrics"] = f"{metrics_file}, steps {steps[0]}-{steps[-1]}" if steps else f"{metrics_file}"
     where = destinations(cfg)
@@ -89,7 +90,7 @@ def summary(cfg: RagenConfig, started: float, plots: list[Path] | None = None, w
         lines["plots"] = f"python -m ragen.plot {run_dir}"
     if trainer.rollout_data_dir and Path(trainer.rollout_data_dir).is_dir():
         lines["records"] = where["records"]
-    if cfg.logging.log_images and (Path(cfg.logging.log_image_dir) / trainer.experiment_name).is_dir():
+    if cfg.logging.log_images and Path(cfg.logging.log_image_dir).is_dir():
         lines["pages"] = where["pages"]
     return "\n".join([f"[ragen] {head}"] + [f"[ragen] {key:<12} {value}" for key, value in lines.items()])
 

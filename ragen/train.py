@@ -30,7 +30,7 @@ from verl.single_controller.worker_group import gpu_placement_group, node_placem
 from verl.trainer.core_algos import ADV_ESTIMATORS
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.watchdog import WatchdogStop
-from verl.utils import checkpoint, memory
+from verl.utils import checkpoint, memory, run_folder
 from verl.utils.fingerprint import WeightSyncError
 from verl.utils.model import (ModelNotFoundError, eos_token_ids, load_tokenizer, max_context_length,
                               resolve_model_path)
@@ -54,11 +54,13 @@ def run(cfg: RagenConfig) -> list[Path]:
     if not cfg.trainer.verbose:
         quiet_libraries()
     run_config = OmegaConf.to_container(OmegaConf.structured(cfg))  # saved with each checkpoint, paths as given
+    run_folder.claim(cfg.trainer, own=hydra_output_dir())  # another run's folder, a damaged checkpoint: stop now
     checkpoint.check_resume(cfg.trainer, ranks, run_config)  # a checkpoint this run cannot continue: stop now
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     cfg.critic.model.path = resolve_model_path(cfg.critic.model.path)
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    run_folder.check_writable(cfg.trainer.default_local_dir, checkpoint_bytes(cfg, use_critic))
     print_banner(cfg, use_critic)
     check_memory(cfg, ranks, use_critic, use_reference)
     tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
@@ -66,6 +68,13 @@ def run(cfg: RagenConfig) -> list[Path]:
     with worker_backend(cfg), finishing(tracker):
         make_trainer(cfg, ranks, tracker, run_config).fit()
     return plot_run(cfg.trainer.default_local_dir) if "jsonl" in cfg.trainer.logger else []
+
+
+def hydra_output_dir() -> Path | None:
+    """The folder Hydra made for this run (`hydra.run.dir`), or None outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
 
 
 def make_trainer(cfg: RagenConfig, ranks: int, tracker: Tracking, run_config: dict) -> PPOTrainer:
@@ -97,16 +106,16 @@ def make_trainer(cfg: RagenConfig, ranks: int, tracker: Tracking, run_config: di
 def trajectory_pages(cfg: RagenConfig):
     """HTML pages of the trajectories of training steps 1, every `log_image_step_size`-th and the last (a
     short run shows its start and end), and of every validation (the same start states each time, so a
-    level can be compared across steps), each with a fresh index (`<log_image_dir>/<experiment>/`;
-    `cd <log_image_dir> && python -m http.server`)."""
+    level can be compared across steps), each with a fresh index (`<log_image_dir>/`, inside the run folder;
+    `python -m http.server -d <log_image_dir>`)."""
     logging, last = cfg.logging, cfg.trainer.total_training_steps
-    experiment_dir = Path(logging.log_image_dir) / cfg.trainer.experiment_name
+    pages_dir = Path(logging.log_image_dir)
 
     def on_records(records: list[dict], split: str, step: int) -> None:
         due = split == "val" or step in (1, last) or step % logging.log_image_step_size == 0
         if logging.log_images and due:
-            write_step(records, experiment_dir, step, logging.log_n_image_per_batch, cfg.custom_envs, split)
-            write_index(experiment_dir)
+            write_step(records, pages_dir, step, logging.log_n_image_per_batch, cfg.custom_envs, split)
+            write_index(pages_dir)
 
     return on_records
 
@@ -118,6 +127,16 @@ def finishing(tracker: Tracking):
         yield
     finally:
         tracker.finish()
+
+
+def checkpoint_bytes(cfg: RagenConfig, use_critic: bool) -> int:
+    """About the size of one checkpoint: the weights as saved and two fp32 Adam moments per trained parameter
+    (the optimizer state), for the actor and the critic."""
+    shape = memory.model_shape(cfg.actor_rollout_ref.model.path)
+    weight_bytes = 2 if cfg.actor_rollout_ref.model.dtype == "bfloat16" else 4
+    trained = memory.lora_params(cfg.actor_rollout_ref.model.path, cfg.lora.rank, cfg.lora.target_modules) \
+        if cfg.lora.rank > 0 else shape.params
+    return shape.params * weight_bytes + trained * 8 + (shape.params * (4 + 8) if use_critic else 0)
 
 
 def check_memory(cfg: RagenConfig, ranks: int, use_critic: bool, use_reference: bool) -> None:
@@ -216,6 +235,10 @@ def main(cfg) -> None:
         sys.exit(f"model not found: {e}")
     except checkpoint.ResumeError as e:
         sys.exit(f"cannot resume: {e}")
+    except run_folder.RunFolderError as e:
+        sys.exit(f"run folder: {e}")
+    except checkpoint.SaveError as e:
+        sys.exit(f"stopped: {e}")
     except WeightSyncError as e:  # through Ray it also carries the worker's traceback; `cause` is the error itself
         sys.exit(f"stopped: {getattr(e, 'cause', e)}")
     except WatchdogStop as e:  # the run went wrong: its summary and the curves that show where

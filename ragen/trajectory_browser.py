@@ -1,10 +1,11 @@
 """A static HTML browser over rollout records: one page per trajectory, an index with filters and search.
 
-Layout (RAGEN's): `<log_image_dir>/<experiment>/step_<N>/trajectory_data_<i>.html`, `i` being the
+Layout (RAGEN's, inside the run folder): `<log_image_dir>/step_<N>/trajectory_data_<i>.html`, `i` being the
 trajectory's `env_id` (its line in `rollouts/<split>/step_<N>.jsonl`), next to `trajectories.json`, the
 step's summaries; a validation's pages go to `val_step_<N>/` beside them (validation plays the same start
 states every time, so `val_step_0/trajectory_data_3.html` and `val_step_20/trajectory_data_3.html` show one
-level before and after training); `<log_image_dir>/<experiment>/index.html` lists the pages of both.
+level before and after training); `<log_image_dir>/index.html` lists the pages of both (`log_image_dir`
+is `<run folder>/pages` by default).
 Everything is inline: PNG pictures as data URIs, CSS, a little vanilla JS on the index only, and a
 Content-Security-Policy that forbids any other source, so the pages open offline, from disk or under
 `python -m http.server`.

@@ -1,7 +1,7 @@
 """Fault injection: SIGKILL a training run again and again and resume it each time with the same command; it
 must end with exactly the weights, metrics and trajectory records of a run that was never interrupted.
 
-    python scripts/fault_injection.py [--kills 12] [--steps 4] [--seed 0] [--model PATH]
+    python scripts/fault_injection.py [--kills 12] [--steps 4] [--seed 0] [--corrupt 2] [--model PATH]
 
 Each kill waits for a stage, chosen at random, of the step in progress or the next one: its rollout, its
 update (its trajectories are on disk, its checkpoint is not), its checkpoint write (the staging folder
@@ -9,8 +9,11 @@ exists), or a random moment of the run; where the run really was when killed is 
 runs are the trainer's own command (`train.sh`, backend local, a checkpoint every step, a critic and the
 variance filter so that their states resume too) on a tiny random model unless `--model` names another. Printed: kills, what each interrupted, the steps each one cost
 (steps whose work was lost: the step in progress, less the checkpoint it resumes from), and whether the
-final weights, metrics and records equal the uninterrupted run's. `tests/test_fault_injection.py` runs a
-short campaign of it.
+final weights, metrics and records equal the uninterrupted run's. With `--corrupt N`, after the first N kills
+that leave two checkpoints the newest one is also damaged (its weights or its optimizer state cut short or bit-flipped, in
+turn): the next start must resume from the checkpoint before it (verl/utils/checkpoint.py verifies each
+against its manifest), losing that step too and nothing else. `tests/test_fault_injection.py` runs a short
+campaign of it.
 """
 
 import argparse
@@ -28,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.conftest's tiny model
 
-from verl.utils.checkpoint import latest_checkpoint  # noqa: E402
+from verl.trainer.config import TrainerConfig  # noqa: E402
+from verl.utils.checkpoint import resume_path  # noqa: E402
 
 STAGES = ("rollout", "update", "checkpoint", "random")  # what a kill waits for
 # metrics that measure the machine, not the training: they differ between any two runs
@@ -54,17 +58,31 @@ class Kill:
     step: int  # the step the run was in: the one after its newest checkpoint
     resumed_from: int  # the newest complete checkpoint after the kill (0: none)
     killed: bool  # False: the run had finished before the moment came
+    damaged: str = ""  # the checkpoint file damaged after the kill, and how ("" if none)
 
     @property
     def steps_lost(self) -> int:
-        """Steps to do again: the one in progress, and any the kill cost a checkpoint of."""
-        return self.step - self.resumed_from if self.killed and self.stage != "done" else 0
+        """Steps to do again: the one in progress, and any the kill or the damage cost a checkpoint of."""
+        return self.step - self.resumed_from if self.killed and (self.stage != "done" or self.damaged) else 0
 
 
 def checkpointed(run_dir: Path) -> int:
-    """The newest complete checkpoint's step (0: none), found as a resume finds it."""
-    path = latest_checkpoint(run_dir)
+    """The step of the checkpoint a resume would start from (0: none): the newest that verifies."""
+    path = resume_path(TrainerConfig(default_local_dir=str(run_dir)))
     return 0 if path is None else int(path.name.removeprefix("global_step_"))
+
+
+DAMAGES = (("actor/model.safetensors", "cut short"), ("actor/train_state_rank0.pt", "bit-flipped"),
+           ("actor/train_state_rank0.pt", "cut short"), ("actor/model.safetensors", "bit-flipped"))
+
+
+def damage_newest(run_dir: Path, which: int) -> str:
+    """Damage a file of the newest checkpoint (the `which`-th of DAMAGES); returns what was done."""
+    name, how = DAMAGES[which % len(DAMAGES)]
+    path = run_dir / f"global_step_{checkpointed(run_dir)}" / name
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2] if how == "cut short" else data[:-9] + bytes([data[-9] ^ 0x10]) + data[-8:])
+    return f"{path.relative_to(run_dir)} {how}"
 
 
 def fresh(path: Path, since: float) -> bool:
@@ -133,8 +151,9 @@ def identical_weights(a: Path, b: Path) -> bool:
     return True
 
 
-def campaign(model_path: str, work: Path, kills: int, steps: int, seed: int, log=print) -> dict:
-    """Run the uninterrupted reference, then the killed run; return the figures and the comparison."""
+def campaign(model_path: str, work: Path, kills: int, steps: int, seed: int, log=print, corrupt: int = 0) -> dict:
+    """Run the uninterrupted reference, then the killed run, damaging the newest checkpoint after `corrupt` of
+    the kills; return the figures and the comparison."""
     rng = random.Random(seed)
     whole, killed = work / "whole", work / "killed"
     started = time.monotonic()
@@ -147,12 +166,22 @@ def campaign(model_path: str, work: Path, kills: int, steps: int, seed: int, log
         # the step in progress or the next one: about every other kill lets the run move on by a step
         stage, step = rng.choice(STAGES), min(steps, checkpointed(killed) + rng.randint(1, 2))
         kill = run_until_killed(command, killed, stage, step, steps, rng.uniform(0, duration / 2), 4 * duration)
+        damaged = sum(bool(k.damaged) for k in history)
+        if kill.killed and damaged < corrupt and checkpointed(killed) >= 2:
+            before = checkpointed(killed)
+            kill.damaged = damage_newest(killed, damaged)
+            kill.resumed_from = checkpointed(killed)  # where the next start resumes: the checkpoint before
+            kill.step = max(kill.step, before + 1)
+            if kill.resumed_from != before - 1:
+                raise RuntimeError(f"after damaging {kill.damaged} the run would resume from step "
+                                   f"{kill.resumed_from}, not {before - 1}")
         history.append(kill)
         log(f"kill {len(history)} (waited for: {stage}): "
             + ("the run had finished" if not kill.killed
-               else "after the last step, nothing lost" if kill.stage == "done"
-               else f"in the {kill.stage} of step {kill.step}, resumes from step {kill.resumed_from}, "
-                    f"{kill.steps_lost} step(s) lost"))
+               else "after the last step, nothing lost" if kill.stage == "done" and not kill.damaged
+               else f"in the {kill.stage} of step {kill.step}"
+                    + (f", then {kill.damaged}" if kill.damaged else "")
+                    + f", resumes from step {kill.resumed_from}, {kill.steps_lost} step(s) lost"))
     if checkpointed(killed) < steps:
         subprocess.run(command, check=True, capture_output=True, env=OFFLINE)
     (metrics_a, records_a), (metrics_b, records_b) = comparable(whole, steps), comparable(killed, steps)
@@ -166,6 +195,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=12)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corrupt", type=int, default=0, help="kills after which the newest checkpoint is damaged")
     parser.add_argument("--model", help="an HF model folder; default: a tiny random Llama with the bundled tokenizer")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -176,11 +206,12 @@ def main() -> None:
             from verl.utils.model import load_tokenizer, resolve_model_path
 
             model = save_tiny_llama(work / "tiny", load_tokenizer(resolve_model_path("bundled:SmolLM2-135M-Instruct")))
-        result = campaign(model, work, args.kills, args.steps, args.seed)
+        result = campaign(model, work, args.kills, args.steps, args.seed, corrupt=args.corrupt)
     history = [k for k in result["history"] if k.killed]
     by_stage = {s: sum(k.stage == s for k in history) for s in ("rollout", "update", "checkpoint", "done")}
     lost = [k.steps_lost for k in history]
-    print(f"kills survived: {result['kills']} ({', '.join(f'{n} in {s}' for s, n in by_stage.items())}); "
+    print(f"kills survived: {result['kills']} ({', '.join(f'{n} in {s}' for s, n in by_stage.items())}; "
+          f"{sum(bool(k.damaged) for k in history)} followed by a damaged newest checkpoint); "
           f"steps lost per kill: max {max(lost, default=0)}, mean {sum(lost) / max(len(lost), 1):.2f}; "
           f"final weights equal: {result['weights_equal']}, metrics equal: {result['metrics_equal']}, "
           f"records equal: {result['records_equal']}")

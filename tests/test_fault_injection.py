@@ -23,10 +23,14 @@ pytestmark = pytest.mark.faults
 
 
 def test_killed_again_and_again_the_run_ends_as_if_never_interrupted(tiny_model_path, tmp_path):
-    result = fault_injection.campaign(tiny_model_path, tmp_path, kills=5, steps=4, seed=0)
+    """One kill is followed by damage to the newest checkpoint: the run resumes from the one before it."""
+    result = fault_injection.campaign(tiny_model_path, tmp_path, kills=5, steps=4, seed=0, corrupt=1)
     kills = [k for k in result["history"] if k.killed]
     assert len(kills) >= 3, f"too few kills landed before the run finished: {result['history']}"
-    assert all(k.steps_lost <= 1 for k in kills), result["history"]  # a checkpoint a step: only the current step
+    (damaged,) = [k for k in kills if k.damaged]
+    assert damaged.steps_lost <= 2, result["history"]  # the step in progress and the damaged checkpoint's
+    # a checkpoint a step: only the current step
+    assert all(k.steps_lost <= 1 for k in kills if not k.damaged), result["history"]
     assert result["weights_equal"] and result["metrics_equal"] and result["records_equal"], result
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -59,7 +60,8 @@ def test_the_first_readme_environment_variables_train(tiny_model_path, tmp_path)
     command = ["bash", str(REPO / "train.sh"), f"trainer.default_local_dir={tmp_path}",
                f"hydra.run.dir={tmp_path / 'hydra'}", f"logging.log_image_dir={tmp_path / 'log'}",
                "algorithm.skip_zero_variance_batches=false", *FAST]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    # started from another folder than the run folder: a run may not own the folder it is started from
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tempfile.mkdtemp(),
                             env={**os.environ, **readme, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "DIM_X=6: RAGEN's old variable, now ++custom_envs.CoordSokoban.env_config.dim_x=6" in result.stderr

@@ -110,7 +110,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert all("advantage" in turn for r in train_records for turn in r["turns"])
     assert {p.name for p in (tmp_path / "plots").glob("*.png")} == {"success.png", "reward.png", "entropy.png",
                                                                    "reward_std.png", "collapse.png"}
-    pages = tmp_path / "log" / "bandit"  # the trajectory browser: the first and last steps and both validations
+    pages = tmp_path / "log"  # the trajectory browser: the first and last steps and both validations
     assert sorted(p.parent.name for p in pages.rglob("trajectory_data_*.html")) == \
         ["step_1"] * 4 + ["step_2"] * 4 + ["val_step_0"] * 4 + ["val_step_2"] * 4
     assert (pages / "index.html").is_file()
@@ -276,3 +276,26 @@ def test_lora_run_then_eval_of_its_checkpoint(tiny_model_path, tmp_path):
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.splitlines()[1].split()[0] == "CoordSokoban"
+
+
+def test_a_run_never_rewrites_another_runs_folder(tiny_model_path, tmp_path):
+    """The issue's cases through train.sh: branching from another folder's checkpoint, and starting afresh,
+    where a run lives are refused before any model loads and touch nothing; trainer.overwrite=true moves
+    the old run aside whole and trains in the emptied folder."""
+    from tests.verl.test_run_folder import a_run, tree
+
+    other, mine = a_run(tmp_path / "other", steps=(1,)), a_run(tmp_path / "mine")
+    before = tree(mine)
+    fast = ["trainer.backend=local", "trainer.total_training_steps=1", "trainer.val_before_train=false",
+            "trainer.test_freq=-1", "logging.log_images=false"]
+    for start in (f"trainer.resume_mode={other / 'global_step_1'}", "trainer.resume_mode=disable"):
+        command = train_command("bandit", tiny_model_path, mine, start, *fast)
+        command = [arg for arg in command if not arg.startswith(("hydra.run.dir", "logging.log_image_dir"))]
+        result = subprocess.run(command + [f"hydra.run.dir={tmp_path / 'hydra'}"], capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith(f"run folder: {mine}")
+        assert "Loading weights" not in result.stdout + result.stderr and tree(mine) == before
+    result = train("bandit", tiny_model_path, mine, "trainer.resume_mode=disable", "trainer.overwrite=true", *fast)
+    (aside,) = tmp_path.glob("mine.old-*")
+    assert tree(aside) == before and "moved to" in result.stdout
+    assert [row["step"] for row in read_metrics(mine)] == [1] and (mine / "global_step_1" / "manifest.json").is_file()

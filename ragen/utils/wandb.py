@@ -67,7 +67,7 @@ def find_run(run_id: str, roots: Sequence[str | Path]) -> Path:
         f"no local wandb run {run_id!r} under {', '.join(map(str, roots))}: nothing is downloaded here. Pass "
         "roots= the folder that holds its wandb/ folder (trainer.default_local_dir). A run's metrics are also in "
         "<trainer.default_local_dir>/metrics.jsonl (python -m ragen.plot <that folder>) and its trajectory pages "
-        "under logging.log_image_dir")
+        "under logging.log_image_dir (<trainer.default_local_dir>/pages)")
 
 
 def download_wandb(run_id: str, out_dir: str | Path = "./log", roots: Sequence[str | Path] = ("checkpoints",)):

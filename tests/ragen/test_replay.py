@@ -89,3 +89,23 @@ def test_the_metrics_table_puts_the_run_and_the_replay_side_by_side():
     assert rows[:2] == [["2", "actor/grad_norm", "1.25", "1.5", "differs"],
                         ["2", "actor/pg_loss", "0.5", "0.5", "same"]]
     assert "no update" in table.splitlines()[3]  # step 3: the filter kept nothing
+
+
+def test_a_damaged_batch_file_ends_the_replay_with_exit_2_and_one_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from ragen.replay import main
+
+    saved = {"trainer": {"default_local_dir": str(tmp_path), "rollout_data_dir": str(tmp_path / "rollouts"),
+                         "save_batches": True}}
+    start = fake_checkpoint(tmp_path, 1)
+    (start / checkpoint.RUN_CONFIG).write_text(json.dumps(saved))
+    path = batch_path(tmp_path / "rollouts", 2)
+    write_batch(path, DataProto(batch={"input_ids": torch.zeros(2, 3, dtype=torch.long)}))
+    path.write_bytes(path.read_bytes()[:-5])  # cut short
+    monkeypatch.setattr(sys, "argv", ["ragen.replay", str(tmp_path), "--step", "2"])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"cannot replay: {path} is damaged") and "cannot be replayed" in err

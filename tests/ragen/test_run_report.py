@@ -16,20 +16,20 @@ def test_banner_says_where_everything_goes_and_how_to_start_over(tmp_path, capsy
     assert "from scratch (no checkpoint to resume from)" in banner
     assert "a new value head" in banner and "20 to go of 20" in banner
     for where in (f"{tmp_path}/metrics.jsonl", f"{tmp_path}/plots/", f"{tmp_path}/rollouts/",
-                  f"{tmp_path}/log/bandit/index.html"):
+                  f"{tmp_path}/log/index.html"):
         assert where in banner, where
     staging = checkpoint.staging_dir(tmp_path, 5)
     checkpoint.commit(staging, 5, {"step": 5, "world_size": 1}, run_config={}, keep=None)
     print_banner(config(tmp_path), use_critic=True)
     banner = capsys.readouterr().out
-    assert f"resuming from {tmp_path / 'global_step_5'} (step 5)" in banner and "trainer.resume_mode=disable" in banner
+    assert f"resuming from {tmp_path / 'global_step_5'} (step 5)" in banner and "trainer.overwrite=true" in banner
     assert "restored from the checkpoint" in banner and "15 to go of 20" in banner
 
 
 def test_summary_of_an_interrupted_run(tmp_path):
     cfg, started = config(tmp_path), time.time()
-    assert "none written yet (every 20 steps and after the last: trainer.save_freq): the same command starts over" \
-        in summary(cfg, started)
+    assert "none written yet (every 20 steps and after the last: trainer.save_freq): to start over in this folder, " \
+        "add trainer.overwrite=true" in summary(cfg, started)
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     staging = checkpoint.staging_dir(tmp_path, 1)
     checkpoint.commit(staging, 1, {"step": 1, "world_size": 1}, run_config={}, keep=None)

@@ -141,7 +141,7 @@ def test_a_run_writes_its_first_and_last_steps_and_every_validation(tmp_path, st
         on_records(rollout("train", step, [10 * step, 10 * step + 1]), "train", step)
     on_records(rollout("val", steps, [900, 901]), "val", steps)
 
-    experiment = tmp_path / "bandit"
+    experiment = tmp_path  # logging.log_image_dir: the pages, no folder per experiment
     assert sorted(p.name for p in experiment.iterdir() if p.is_dir()) == \
         sorted(train_pages + ["val_step_0", f"val_step_{steps}"])
     rows = index_rows(experiment)

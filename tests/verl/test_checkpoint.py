@@ -274,7 +274,8 @@ def test_resuming_with_another_number_of_ranks_is_refused_naming_both(tmp_path):
 def test_a_checkpoint_of_an_earlier_ragen_is_refused_with_what_to_do(tmp_path):
     path = save(tmp_path, 5)
     (path / "config.yaml").unlink()  # written before checkpoints held their config and rank count
-    with pytest.raises(checkpoint.ResumeError, match="earlier RAGEN.*resume_mode=disable"):
+    (path / "manifest.json").unlink()  # and their manifest
+    with pytest.raises(checkpoint.ResumeError, match="earlier RAGEN.*another trainer.experiment_name"):
         checkpoint.check_resume(trainer_config(tmp_path), 1, RUN_CONFIG)
 
 

@@ -207,10 +207,14 @@ class TrainerConfig:
     save_freq: int = 20  # checkpoint every this many steps (and after the last); -1: only after the last
     resume_mode: str = "auto"  # auto: from the latest checkpoint in default_local_dir, if any | disable | <path>
     resume_force: bool = False  # resume even though model, LoRA shape, estimator or training envs changed
+    # a run starts afresh or branches only into an empty default_local_dir; true: whatever is there is first
+    # renamed to <default_local_dir>.old-<time>/ (never deleted), and the run starts in an empty folder
+    overwrite: bool = False
     max_actor_ckpt_to_keep: int | None = 2  # keep only the newest N checkpoints; null keeps all
     # the newest N checkpoints keep their optimizer state (a resume needs it); older ones keep only their
-    # weights, a third of the size (to evaluate, or to start a new run from); null: every checkpoint keeps it
-    resumable_checkpoints: int | None = 1
+    # weights, a third of the size (to evaluate, or to start a new run from); null: every checkpoint keeps it.
+    # 2: one to fall back to if the newest is damaged (the newest one that verifies is kept resumable anyway)
+    resumable_checkpoints: int | None = 2
     # stop after this many steps in a row whose update skipped an optimizer step (non-finite gradient); 0: never
     max_consecutive_nonfinite_steps: int = 3
     # every rollout's trajectories as JSONL (train/step_N.jsonl, val/step_N.jsonl); null: not saved

@@ -6,6 +6,7 @@ group exists only when the advantage estimator uses values; the reference policy
 """
 
 import os
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.single_controller.worker_group import WorkerDiedError
 from verl.trainer.collapse import collapse_metrics, cross_scoring_pairs, repeat_to_multiple, score_matrix
 from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
 from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, FILTER_METRICS, KL_CONTROLLERS, apply_kl_penalty,
@@ -73,7 +75,7 @@ class PPOTrainer:
         last = self.config.total_training_steps
         if done >= last:
             print(f"the checkpoint is at step {done} >= trainer.total_training_steps={last}: nothing to train "
-                  "(trainer.resume_mode=disable starts over)", flush=True)
+                  "(another trainer.experiment_name, or trainer.overwrite=true, starts over)", flush=True)
         nonfinite_steps = 0  # training steps in a row whose update skipped an optimizer step
         started = time.perf_counter()
         bar = progress(None, desc="training steps", initial=done, total=last)
@@ -297,6 +299,17 @@ class PPOTrainer:
     def save(self, step: int) -> Path:
         """Checkpoint every worker group, the trainer's own state and the run's config; atomic (see
         verl/utils/checkpoint.py). The number of ranks is recorded: each rank resumes its own optimizer shard."""
+        try:
+            return self.write_checkpoint(step)
+        except Exception as e:  # a full disk, a read-only folder: one line, and no staging folder left
+            if isinstance(e, WorkerDiedError):
+                raise
+            failure = checkpoint.save_failure(self.config.default_local_dir, step, e)
+            shutil.rmtree(checkpoint.step_dir(self.config.default_local_dir, step).with_suffix(".tmp"),
+                          ignore_errors=True)
+            raise failure from e
+
+    def write_checkpoint(self, step: int) -> Path:
         staging = checkpoint.staging_dir(self.config.default_local_dir, step)
         self.actor_rollout_wg.save_checkpoint(str(staging / "actor"))
         if self.critic_wg is not None:
@@ -355,7 +368,8 @@ class PPOTrainer:
         state), shift the training seeds so that the steps after it see other start states and samples, and
         return its step. Stops the run instead when there is none or `max_rollbacks` are used up."""
         step = events[0].step
-        target = checkpoint.newest_resumable_checkpoint(self.config.default_local_dir, step, healthy_only=True)
+        target = checkpoint.newest_resumable_checkpoint(self.config.default_local_dir, step, healthy_only=True,
+                                                         verified=True)
         if target is None:
             self.stop(events, "A rule asked to roll back, but no checkpoint saved before it was healthy and kept its "
                               "optimizer state (save more often: trainer.save_freq, trainer.resumable_checkpoints).")
@@ -380,7 +394,7 @@ class PPOTrainer:
     def stop(self, events: list[Event], reason: str) -> None:
         """End the run with the watchdog's report."""
         healthy = checkpoint.newest_resumable_checkpoint(self.config.default_local_dir, events[0].step,
-                                                         healthy_only=True)
+                                                         healthy_only=True, verified=True)
         report = self.watchdog.write_report(events, reason, healthy)
         raise WatchdogStop(f"the watchdog stopped the run at step {events[0].step} "
                            f"({', '.join(e.rule for e in events)}); report: {report}")
