@@ -66,20 +66,22 @@ def warm_start(recipe: str, seed: int, folder: Path) -> Path:
 
 
 def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> float:
-    """One training run; returns its wall time in seconds (also written to `run_dir/reproduce.json`)."""
+    """One training run; returns its wall time in seconds (also written to `<run_dir>.reproduce.json`)."""
     command = run_command(recipe, seed, run_dir, args.val_seed, overrides)
-    done, started = run_dir / "reproduce.json", run_dir / "command.json"
+    done, started = bookkeeping(run_dir)
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
         return json.loads(done.read_text(encoding="utf-8"))["wall_time_s"]
     # The wall time of earlier sittings of this run is kept in command.json and added up.
     earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
-    if earlier.get("command") == command:
+    if earlier.get("command") == command and any(run_dir.glob("global_step_*/trainer_state.json")):
         print(f"[reproduce] seed {seed}: resuming the interrupted run in {run_dir}", flush=True)
-    else:  # a different command, or none yet: start anew
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        earlier = {"command": command, "wall_time_s": 0.0}
+    else:  # a different command, none yet, or one interrupted before its first checkpoint: start anew
+        shutil.rmtree(run_dir, ignore_errors=True)  # this script's own run folder (a run starts in an empty one)
+        done.unlink(missing_ok=True)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        earlier = {"command": command, "wall_time_s": earlier.get("wall_time_s", 0.0)
+                   if earlier.get("command") == command else 0.0}
         # now, so that even a killed sitting is resumed, not wiped
         started.write_text(json.dumps(earlier), encoding="utf-8")
     print(f"[reproduce] {' '.join(command)}", flush=True)
@@ -98,6 +100,12 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
         shutil.rmtree(checkpoint)
     done.write_text(json.dumps({"wall_time_s": wall, "command": command}), encoding="utf-8")
     return wall
+
+
+def bookkeeping(run_dir: Path) -> tuple[Path, Path]:
+    """(the finished run's record, the started run's command and wall time so far), beside the run folder:
+    the trainer starts afresh only in an empty folder."""
+    return run_dir.with_name(run_dir.name + ".reproduce.json"), run_dir.with_name(run_dir.name + ".command.json")
 
 
 def success_curves(rows: list[dict], prefix: str) -> dict[str, dict[int, float]]:

@@ -56,7 +56,8 @@ def test_summary_table_signals_and_figures(tmp_path):
 def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, monkeypatch, capsys):
     # A stand-in for train.sh: the first sitting dies after writing a "checkpoint"; a later one finds it and ends.
     script = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_1'\n"
-              "sys.exit(0) if ckpt.exists() else (ckpt.mkdir(), sys.exit(1))")
+              "sys.exit(0) if ckpt.exists() else (ckpt.mkdir(parents=True), (ckpt / 'trainer_state.json').touch(), "
+              "sys.exit(1))")
     monkeypatch.setattr(reproduce, "run_command",
                         lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", script, str(run_dir),
                                                                              *overrides])
@@ -65,19 +66,20 @@ def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, 
 
     with pytest.raises(SystemExit, match="resumes it"):
         reproduce.train("bandit", 1, run_dir, args, ["a=1"])
-    assert (run_dir / "global_step_1").is_dir() and not (run_dir / "reproduce.json").exists()
+    done, started = reproduce.bookkeeping(run_dir)
+    assert (run_dir / "global_step_1").is_dir() and not done.exists()
 
     wall = reproduce.train("bandit", 1, run_dir, args, ["a=1"])  # same command: continues, keeps the checkpoint
     assert "resuming the interrupted run" in capsys.readouterr().out
-    assert (run_dir / "reproduce.json").is_file() and not (run_dir / "global_step_1").exists()  # weights removed
-    assert wall == json.loads((run_dir / "reproduce.json").read_text())["wall_time_s"] > 0
+    assert done.is_file() and not (run_dir / "global_step_1").exists()  # weights removed
+    assert wall == json.loads(done.read_text())["wall_time_s"] > 0
 
     assert reproduce.train("bandit", 1, run_dir, args, ["a=1"]) == wall  # finished: read back
     assert "reusing the finished run" in capsys.readouterr().out
 
     with pytest.raises(SystemExit):  # another command: the old run is wiped, so the stand-in starts over
         reproduce.train("bandit", 1, run_dir, args, ["a=2"])
-    assert not (run_dir / "reproduce.json").exists()
+    assert not done.exists()
 
 
 def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monkeypatch, capsys):
@@ -87,7 +89,8 @@ def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monk
     # A stand-in for train.sh: the first sitting writes a "checkpoint" and its pid, then trains "forever".
     trainer = ("import os, pathlib, sys, time; run = pathlib.Path(sys.argv[1]); ckpt = run / 'global_step_1'\n"
                "if ckpt.exists(): sys.exit(0)\n"
-               "ckpt.mkdir(); (run / 'pid').write_text(str(os.getpid())); time.sleep(120)")
+               "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()\n"
+               "(run / 'pid').write_text(str(os.getpid())); time.sleep(120)")
     driver = (f"import argparse, importlib.util, sys\n"
               f"path = {str(REPO / 'scripts' / 'reproduce.py')!r}\n"
               f"spec = importlib.util.spec_from_file_location('reproduce', path)\n"
@@ -104,13 +107,13 @@ def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monk
     assert sitting.wait(timeout=30) == 128 + signal.SIGTERM
     with pytest.raises(ProcessLookupError):  # the trainer was stopped (and reaped), not left running
         os.kill(trainer_pid, 0)
-    recorded = json.loads((run_dir / "command.json").read_text())
+    recorded = json.loads(reproduce.bookkeeping(run_dir)[1].read_text())
     assert recorded["wall_time_s"] > 0
 
     monkeypatch.setattr(reproduce, "run_command", lambda *args: recorded["command"])
     reproduce.train("bandit", 1, run_dir, argparse.Namespace(val_seed=5, save_freq=1), [])
     assert "resuming the interrupted run" in capsys.readouterr().out
-    assert (run_dir / "reproduce.json").is_file()
+    assert reproduce.bookkeeping(run_dir)[0].is_file()
 
 
 def test_a_warm_start_is_made_once_per_seed_and_reused(tmp_path, monkeypatch):
