@@ -303,7 +303,23 @@ def rewrite_argv(argv: Sequence[str]) -> list[str]:
             flags.append(value)
         if flag in ("--config-name", "-cn"):
             recipe = value
-    return flags + rewrite_overrides(overrides, recipe)
+    rewritten = rewrite_overrides(overrides, recipe)
+    check_names(rewritten)
+    return flags + rewritten
+
+
+NAME_KEYS = ("trainer.experiment_name", "trainer.project_name")
+
+
+def check_names(overrides: Sequence[str]) -> None:
+    """The run's names, before Hydra makes its output folder from `trainer.experiment_name`
+    (outputs/<date>/<time>-<experiment_name>): a name that is a path would put it elsewhere."""
+    from verl.utils.run_folder import check_name  # torch: keep this module light for its other users
+
+    for override in overrides:
+        _, key, value = split_override(override)
+        if key in NAME_KEYS and (problem := check_name(key, value or "")) is not None:
+            raise ConfigError(problem)
 
 
 def from_env_vars(environ: Mapping[str, str], recipe: str = ENV_VAR_RECIPE) -> list[str]:

@@ -299,3 +299,16 @@ def test_a_batch_whose_mask_lost_columns_or_rows_is_refused(tmp_path):
     path.write_bytes(safetensors_bytes(tensors, metadata=metadata))
     with pytest.raises(BatchFileError, match="different numbers of trajectories"):
         read_batch(path)
+
+
+def test_a_name_that_is_a_path_stops_before_hydra_makes_its_folder(tmp_path):
+    import os
+    import subprocess
+
+    from tests.test_train_e2e import REPO
+
+    result = subprocess.run(["bash", str(REPO / "train.sh"), "bandit", "trainer.experiment_name=a/../../../escaped"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0 and result.stderr.strip().startswith("config error: trainer.experiment_name=")
+    assert list(tmp_path.iterdir()) == []  # no outputs/<date>/<time>-a/../../../escaped, nothing at all
