@@ -41,6 +41,7 @@ from verl.trainer.config import ModelConfig, OptimConfig
 from verl.utils.fsdp import full_state_dict, reshard
 from verl.utils.lora import merge_lora, save_adapter
 from verl.utils.model import load_tokenizer, resolve_model_path, untied
+from verl.utils.run_folder import check_name, check_run_dir
 from verl.utils.tracking import Tracking
 from verl.workers.actor import load_policy, token_log_probs
 from verl.workers.ppo_update import make_optimizer, ppo_update
@@ -332,6 +333,10 @@ def _check_config(cfg: SFTConfig, world_size: int) -> None:
         (cfg.eval.max_turns >= 0 and cfg.eval.max_new_tokens >= 1 and cfg.eval.batch_size >= 1,
          "eval.max_turns must be >= 0, eval.max_new_tokens and eval.batch_size >= 1"),
     ]
+    # its names and folder, like an RL run's (verl/utils/run_folder.py): the model is saved there
+    checks += [(problem is None, problem) for problem in (
+        check_name("trainer.project_name", t.project_name), check_name("trainer.experiment_name", t.experiment_name),
+        check_run_dir(t.default_local_dir))]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)

@@ -242,6 +242,10 @@ def test_bad_sft_config_is_a_clear_error(sokoban_data, tiny_model_path, tmp_path
                f"trainer.default_local_dir={tmp_path}", "trainer.train_batch_size=7"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
     assert result.returncode != 0 and "train_batch_size=7 must be a multiple" in result.stderr
+    for bad, message in (("trainer.experiment_name=../../x", "must be a name"), ("trainer.default_local_dir=/", "is /")):
+        kept = [arg for arg in command[:-1] if not arg.startswith(bad.partition("=")[0] + "=")]
+        result = subprocess.run(kept + [bad], capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+        assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
 
 
 def merge(base: str, adapter: Path, output: Path) -> Path:
