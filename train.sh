@@ -19,10 +19,16 @@ if [[ $recipe == sft ]]; then  # config/sft.yaml configures the SFT trainer, not
          "(README, 'Supervised warm start (SFT)')" >&2
     exit 2
 fi
-if [[ -z $recipe || ! -f $configs/$recipe.yaml || $recipe == base ]]; then  # base.yaml: what the recipes build on
+recipes=$(ls "$configs"/*.yaml | xargs -n1 basename | sed 's/\.yaml$//' | grep -vx -e base -e sft | tr '\n' ' ')
+if [[ -n $recipe && $recipe != *=* && ( ! -f $configs/$recipe.yaml || $recipe == base ) ]]; then
+    near=$(python3 -c 'import difflib, sys; print(" ".join(difflib.get_close_matches(sys.argv[1], sys.argv[2:], 1, 0.5)))' \
+        "$recipe" $recipes)
+    echo "unknown recipe '$recipe'${near:+ (did you mean $near?)}; the recipes: $recipes" >&2
+    exit 2
+fi
+if [[ -z $recipe || ! -f $configs/$recipe.yaml ]]; then
     echo "usage: bash train.sh <recipe> [key=value ...]" >&2
-    echo "recipes: $(ls "$configs"/*.yaml | xargs -n1 basename | sed 's/\.yaml$//' | grep -vx -e base -e sft |
-        tr '\n' ' ')" >&2
+    echo "recipes: $recipes" >&2
     exit 2
 fi
 shift

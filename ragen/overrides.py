@@ -18,8 +18,9 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
-from typing import get_args, get_origin, get_type_hints
+import types
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from typing import Union, get_args, get_origin, get_type_hints
 
 from ragen.config import CONFIG_DIR, ConfigError, RagenConfig, load_config
 
@@ -270,6 +271,8 @@ def rewrite_overrides(overrides: Sequence[str], recipe: str) -> list[str]:
     for override in overrides:
         prefix, key, value = split_override(override)
         if is_group_or_hydra(key):
+            if (problem := choice_problem(key, value)) is not None:
+                raise ConfigError(problem)
             rewritten.append(override)
         elif (key, value) in OLD_VALUES:
             new = list(OLD_VALUES[key, value])
@@ -280,10 +283,67 @@ def rewrite_overrides(overrides: Sequence[str], recipe: str) -> list[str]:
             print(f"[ragen] {override}: RAGEN's old key, now {' '.join(new)}", file=sys.stderr, flush=True)
             rewritten += new
         elif is_schema_key(key):
+            if value is not None and (problem := value_problem(key, value)) is not None:
+                raise ConfigError(problem)
             rewritten.append(override)
         else:
             raise ConfigError(unknown_key_message(prefix, key))
     return rewritten
+
+
+def choice_problem(key: str, value: str | None) -> str | None:
+    """Why `value` is no choice of config group `key` (`algo=ppo`: no config/algo/ppo.yaml), or None."""
+    group = CONFIG_DIR / key.split("@")[0]
+    if value is None or key.startswith("hydra") or not group.is_dir() or "/" in key:
+        return None
+    choices = sorted(path.stem for path in group.glob("*.yaml"))
+    if value in choices:
+        return None
+    near = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return (f"{key}={value} is not a choice of {key}: choose one of {', '.join(choices)} (config/{key}/)"
+            + (f"; did you mean {key}={near[0]}?" if near else ""))
+
+
+def schema_field(key: str, schema: type = RagenConfig) -> tuple[type, object] | None:
+    """(type, default) of a scalar key of the schema, or None where the key leads into a dict or a nested
+    config (checked later, by the env's config class or by Hydra)."""
+    head, _, rest = key.partition(".")
+    match = next((f for f in fields(schema) if f.name == head), None)
+    if match is None:
+        return None
+    annotation = get_type_hints(schema)[head]
+    if is_dataclass(annotation):
+        return schema_field(rest, annotation) if rest else None
+    if rest:
+        return None
+    default = match.default if match.default is not MISSING else None
+    return annotation, default
+
+
+def value_problem(key: str, value: str) -> str | None:
+    """Why `value` cannot be the value of schema key `key` (`trainer.total_training_steps=abc`), or None.
+    Only plain ints, floats and booleans are checked; interpolations, null and quoted text pass."""
+    found = schema_field(key)
+    if found is None or value.startswith(("${", "'", '"')) or value.lower() in ("null", "none", "~"):
+        return None
+    annotation, default = found
+    if get_origin(annotation) in (Union, types.UnionType):
+        scalar = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = scalar[0] if len(scalar) == 1 else None
+    kinds = {int: "an integer", float: "a number", bool: "true or false"}
+    if annotation not in kinds:
+        return None
+    try:
+        if annotation is bool:
+            ok = value.lower() in ("true", "false", "yes", "no", "on", "off")
+        elif annotation is int:
+            ok = float(value.replace("_", "")).is_integer()
+        else:
+            ok = float(value.replace("_", "").replace(".inf", "inf")) is not None
+    except ValueError:
+        ok = False
+    shown = str(default).lower() if isinstance(default, bool) else default
+    return None if ok else f"{key}={value}: {key} takes {kinds[annotation]} (the default is {shown})"
 
 
 def rewrite_argv(argv: Sequence[str]) -> list[str]:

@@ -299,3 +299,14 @@ def test_a_run_never_rewrites_another_runs_folder(tiny_model_path, tmp_path):
     (aside,) = tmp_path.glob("mine.old-*")
     assert tree(aside) == before and "moved to" in result.stdout
     assert [row["step"] for row in read_metrics(mine)] == [1] and (mine / "global_step_1" / "manifest.json").is_file()
+
+
+def test_a_model_that_does_not_exist_is_named_before_a_resume_is_checked(tmp_path):
+    """A folder with a checkpoint and a misspelt model_path: "model not found", not "trained with other values"."""
+    from tests.verl.test_run_folder import a_run
+
+    run_dir = a_run(tmp_path / "run", steps=(1,))
+    result = subprocess.run(["bash", str(REPO / "train.sh"), "bandit", f"model_path={tmp_path / 'no_such_model'}",
+                             f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith("model not found:")

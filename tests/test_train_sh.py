@@ -32,3 +32,10 @@ def test_a_common_exported_name_alone_does_not_start_the_old_form():
     done = subprocess.run(["bash", str(REPO / "train.sh")], capture_output=True, text=True, timeout=120,
                           env={"PATH": os.environ["PATH"], "EXPERIMENT_NAME": "x", "N_GPUS": "1"})
     assert done.returncode == 2 and done.stderr.startswith("usage: bash train.sh <recipe>")
+
+
+def test_an_unknown_recipe_is_named_with_the_nearest():
+    done = subprocess.run(["bash", str(REPO / "train.sh"), "sokobon"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "unknown recipe 'sokobon' (did you mean sokoban?); the recipes: bandit countdown frozen_lake sokoban "]

@@ -429,3 +429,22 @@ def test_the_first_readme_environment_variables_become_overrides(capsys):
     assert ignored == ["[ragen] MAX_START_LENGTH", "[ragen] MAX_OBS_LENGTH", "[ragen] ROLLOUT_TP_SIZE",
                        "[ragen] DATA_DIR"]
     assert from_env_vars({"HOME": "/root", "PATH": "/bin"}) == []  # no old variable: train.sh prints its usage
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.total_training_steps=abc", "trainer.total_training_steps=abc: trainer.total_training_steps takes an "
+                                         "integer (the default is 200)"),
+    ("trainer.val_before_train=maybe", "takes true or false (the default is true)"),
+    ("actor_rollout_ref.actor.optim.lr=fast", "takes a number"),
+    ("algo=ppo", "algo=ppo is not a choice of algo: choose one of bi_level_gae, brpo, grpo, rloo, starpo, starpo_s "
+                 "(config/algo/); did you mean algo=grpo?"),
+])
+def test_a_wrong_type_or_choice_is_one_line_before_hydra(override, message):
+    from ragen.overrides import rewrite_overrides
+
+    with pytest.raises(ConfigError) as refused:
+        rewrite_overrides([override], "sokoban")
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    for fine in ("trainer.total_training_steps=7", "trainer.resumable_checkpoints=null", "algo=grpo",
+                 "actor_rollout_ref.actor.optim.lr=1e-6", "trainer.logger=[jsonl]", "trainer.val_before_train=false"):
+        assert rewrite_overrides([fine], "sokoban") == [fine]
