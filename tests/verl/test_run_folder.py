@@ -228,6 +228,30 @@ def test_a_save_on_a_full_disk_stops_with_one_line_and_leaves_nothing(tmp_path):
     assert tree(tmp_path) == before  # no global_step_2.tmp, step 1 untouched
 
 
+class Interrupted(Workers):
+    def save_checkpoint(self, path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "weights").write_text("half")
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_a_save_leaves_no_staging_folder(tmp_path):
+    trainer = ppo_trainer(tmp_path)
+    trainer.save(1)
+    before = tree(tmp_path)
+    trainer.actor_rollout_wg = Interrupted(world_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save(2)
+    assert tree(tmp_path) == before
+
+
+def test_a_cpu_run_is_resumable_from_its_last_finished_step_by_default():
+    from ragen.config import load_config
+
+    for recipe in ("bandit", "sokoban", "frozen_lake", "countdown"):
+        assert load_config(recipe, ["scale=cpu"]).trainer.save_freq == 1, recipe
+
+
 @pytest.mark.parametrize("text, cause", [("Read-only file system (os error 30)", "the file system is read-only"),
                                          ("[enforce fail at inline_container.cc:672] . unexpected pos 11904 vs 11796",
                                           "the disk is full"),

@@ -299,14 +299,15 @@ class PPOTrainer:
     def save(self, step: int) -> Path:
         """Checkpoint every worker group, the trainer's own state and the run's config; atomic (see
         verl/utils/checkpoint.py). The number of ranks is recorded: each rank resumes its own optimizer shard."""
+        staging = checkpoint.step_dir(self.config.default_local_dir, step).with_suffix(".tmp")
         try:
             return self.write_checkpoint(step)
-        except Exception as e:  # a full disk, a read-only folder: one line, and no staging folder left
-            if isinstance(e, WorkerDiedError):
+        except BaseException as e:  # a full disk, a read-only folder, Ctrl-C: no staging folder left behind
+            failure = checkpoint.save_failure(self.config.default_local_dir, step, e) \
+                if isinstance(e, Exception) and not isinstance(e, WorkerDiedError) else None
+            shutil.rmtree(staging, ignore_errors=True)
+            if failure is None:
                 raise
-            failure = checkpoint.save_failure(self.config.default_local_dir, step, e)
-            shutil.rmtree(checkpoint.step_dir(self.config.default_local_dir, step).with_suffix(".tmp"),
-                          ignore_errors=True)
             raise failure from e
 
     def write_checkpoint(self, step: int) -> Path:
