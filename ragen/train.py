@@ -173,7 +173,7 @@ def rank_placement(cfg: RagenConfig, ranks: int):
 
     if (nodes := sum(node["Alive"] for node in ray.nodes())) < cfg.trainer.nnodes:
         raise ConfigError(f"trainer.nnodes={cfg.trainer.nnodes} but the Ray cluster has {nodes} node(s): start Ray "
-                          "on every node and join it with ray.address (README, 'Several machines'), or lower nnodes")
+                          "on every node and join it with ray.address (docs/checkpoints.md, 'Several machines'), or lower nnodes")
     num_cpus = 2 * cfg.ray.num_cpus_per_worker  # an actor and a critic worker per rank
     if torch.cuda.is_available():
         return gpu_placement_group(ranks, num_cpus)

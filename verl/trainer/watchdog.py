@@ -165,8 +165,8 @@ class Watchdog:
         lines.append(f"The newest checkpoint saved while no rule was tripping is {healthy_checkpoint}: "
                      f"`trainer.resume_mode={healthy_checkpoint}` continues from it, e.g. with a lower learning rate."
                      if healthy_checkpoint else "No checkpoint was saved while no rule was tripping.")
-        lines.append("The rules and their thresholds are `trainer.watchdog.rules.<name>.*` (README, 'Training "
-                     "health').")
+        lines.append("The rules and their thresholds are `trainer.watchdog.rules.<name>.*` (docs/reading-a-run.md, "
+                     "'Training health').")
         self.report_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return self.report_path
 
