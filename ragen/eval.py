@@ -37,6 +37,10 @@ def evaluate(cfg: RagenConfig, output_dir: Path) -> dict[str, float]:
     rollout = make_agent(cfg, "val", actor_rollout_wg, tokenizer).rollout(0)
     write_jsonl(output_dir / "trajectories.jsonl", rollout.records)
     (output_dir / "metrics.json").write_text(to_json(rollout.metrics, indent=2), encoding="utf-8")
+    val, sampling = cfg.es_manager.val, cfg.actor_rollout_ref.rollout.val_kwargs
+    print(f"model {cfg.actor_rollout_ref.model.path}; {val.env_groups} start states x {val.group_size} "
+          f"(es_manager.val), seeds from trainer.val_seed={cfg.trainer.val_seed}; "
+          + ("greedy" if sampling.temperature == 0 else f"sampling at temperature {sampling.temperature}"))
     print(format_table(rollout.metrics))
     print(f"trajectories and metrics in {output_dir}")
     return rollout.metrics
@@ -60,7 +64,16 @@ def main(cfg) -> None:
         sys.exit(f"config error: {e}")
 
 
+USAGE = """usage: python -m ragen.eval [--config-name RECIPE] [key=value ...]
+  e.g. python -m ragen.eval --config-name sokoban model_path=checkpoints/ragen/sokoban/global_step_20
+Runs the trainer's validation (es_manager.val, val_kwargs sampling) on model_path and prints a row per environment.
+The keys are the training config's (ragen/config.py); `--cfg job` prints the composed config."""
+
+
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # Hydra's own --help would print the whole config
+        print(USAGE + "\n\n" + __doc__)
+        sys.exit(0)
     check_overrides()
     pick_scale()
     main()

@@ -248,8 +248,14 @@ def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_pat
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    header, row = result.stdout.splitlines()[:2]
+    what, header, row = result.stdout.splitlines()[:3]
+    assert what == (f"model {tiny_model_path}; 2 start states x 2 (es_manager.val), seeds from "
+                    "trainer.val_seed=1000000; sampling at temperature 1.0")
     assert header.split()[:4] == ["env", "success", "pass@1", "pass@2"] and row.split()[0] == "CoordSokoban"
+    usage = subprocess.run(["python", "-m", "ragen.eval", "--help"], capture_output=True, text=True, timeout=120,
+                           cwd=REPO)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: python -m ragen.eval")
+    assert len(usage.stdout.splitlines()) < 40  # not the whole config
     records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["group_id"] for r in records} == {0, 1}
     assert all(1 <= len(r["turns"]) <= 2 for r in records)

@@ -146,3 +146,14 @@ def test_text_files_are_utf8_under_a_c_locale(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "ответ" in (tmp_path / "rollouts" / "step_1.jsonl").read_text(encoding="utf-8")
     assert strict_rows(tmp_path / "metrics.jsonl") == [{"step": 1, "train/Café/success": 1.0}]
+
+
+def test_the_console_shows_each_validation_environment_apart(tmp_path, capsys):
+    from verl.utils.tracking import Tracking
+
+    tracker = Tracking(["console"], str(tmp_path))
+    tracker.log({"val/success_rate": 0.5, "val-env/Bandit/success": 1.0, "val-env/BanditTest/success": 0.0}, step=3)
+    line = capsys.readouterr().out.strip()
+    assert line == "step 3: val_Bandit_success=1 val_BanditTest_success=0"
+    tracker.log({"val/success_rate": 0.25, "val-env/Bandit/success": 0.25}, step=4)  # one environment: as before
+    assert capsys.readouterr().out.strip() == "step 4: val_success_rate=0.25"

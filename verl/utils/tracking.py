@@ -51,7 +51,12 @@ class Tracking:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if "console" in self.loggers:
-            shown = [f"{_label(k)}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics]
+            # validation over several environments (a trained one and a held-out one): each apart, not averaged
+            val_tags = sorted({k.split("/")[1] for k in metrics if k.startswith("val-env/") and k.endswith("/success")})
+            apart = len(val_tags) > 1
+            shown = [f"{_label(k)}={_fmt(metrics[k])}" for k in CONSOLE_KEYS
+                     if k in metrics and not (apart and k == "val/success_rate")]
+            shown += [f"val_{tag}_success={_fmt(metrics[f'val-env/{tag}/success'])}" for tag in val_tags if apart]
             print(f"step {step}: " + " ".join(shown), flush=True)
         if "jsonl" in self.loggers:
             with self.jsonl_path.open(self.jsonl_mode, encoding="utf-8") as f:
