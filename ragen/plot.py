@@ -40,7 +40,9 @@ PANELS = {
     "reward": [("Trajectory reward", "reward", "reward")],
     "entropy": [("Policy entropy", "entropy (nats)", ["actor/entropy"])],
     "reward_std": [("Reward spread", "std", ["rollout/reward_std", "rollout/in_group_std"])],
-    "collapse": [("Input dependence I(X; Z)", "nats", ["collapse/mi", "collapse/mi_ceiling"]),
+    # the cross-scoring estimate of I(X; Z) scatters around its value: below 0 means no dependence, within noise
+    "collapse": [("Input dependence I(X; Z) (estimate; < 0: none, within noise)", "nats",
+                  ["collapse/mi", "collapse/mi_ceiling"]),
                  ("Reply-to-input retrieval", "accuracy", ["collapse/retrieval_acc", "collapse/retrieval_chance"]),
                  ("Policy entropy", "entropy (nats)", ["actor/entropy"]),
                  ("Echo-trap signals", "rate / std", ["rollout/response_repetition", "rollout/in_group_std"])],
@@ -117,8 +119,8 @@ def subplot(axes, rows: list[dict], tags: list[str], title: str, ylabel: str, me
     axes.ticklabel_format(axis="y", useOffset=False)
     widen_flat(axes)  # before the event markers, whose y data are axes fractions
     mark_events(axes, events)
-    if axes.lines:
-        axes.legend(fontsize="small")
+    if axes.lines:  # beside the plot, where it covers no line (the baselines run along the top)
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     axes.grid(alpha=0.3)
 
 
@@ -128,7 +130,7 @@ def panel(rows: list[dict], tags: list[str], name: str, events: list[dict] = (),
     whole-key metrics; no pyplot, so no display and no global figure state."""
     specs = PANELS[name]
     columns = min(2, len(specs))
-    figure = Figure(figsize=(7 * columns, 4 * math.ceil(len(specs) / columns)))
+    figure = Figure(figsize=(9.5 * columns, 4 * math.ceil(len(specs) / columns)))  # room for the legends
     grid = figure.subplots(math.ceil(len(specs) / columns), columns, squeeze=False)
     for axes, spec in zip(grid.flat, specs):
         subplot(axes, rows, tags, *spec, events, undone)

@@ -65,6 +65,19 @@ def test_recorded_random_and_oracle_agents_are_horizontal_lines():
     assert not [line for line in axes_of(rows, "reward").lines if "agent" in line.get_label()]
 
 
+@pytest.mark.parametrize("name", ["success", "collapse"])
+def test_no_legend_covers_a_line(name):
+    """Legends sit beside their plot: the oracle line runs along the top, where a legend inside went."""
+    rows = [{"step": s, "train/Bandit/success": 0.9, "val-env/Bandit/success": 1.0, "collapse/mi": -0.05,
+             "collapse/mi_ceiling": 0.69} for s in (1, 2, 3)]
+    for axes in all_axes_of(rows, name):
+        legend, area = axes.get_legend(), axes.get_window_extent()
+        if legend is not None:
+            assert legend.get_window_extent().x0 >= area.x1  # entirely to the right of the plotting area
+    if name == "collapse":  # a negative estimate is explained where it is drawn
+        assert "< 0: none, within noise" in all_axes_of(rows, name)[0].get_title()
+
+
 def test_plot_run_writes_the_five_pngs(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/Bandit/success": 0.5, "actor/entropy": 1.0}\n')
     assert sorted(p.name for p in plot_run(tmp_path)) == ["collapse.png", "entropy.png", "reward.png",
