@@ -447,3 +447,13 @@ def test_a_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):
     trainer.fit()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and not any("old" in row for row in rows)
+
+
+def test_the_time_left_counts_each_checkpoint_once_and_not_in_the_steps_pace():
+    from verl.trainer.ppo_trainer import time_left
+    from verl.utils.tracking import duration
+
+    assert time_left(30.0, 10) == (f"[ragen] the first step took {duration(30)}: the 10 steps left take about "
+                                   f"{duration(300)} at that pace (estimate)")
+    assert f"the 10 steps left and 2 checkpoint(s) of {duration(5)} take about {duration(310)}" \
+        in time_left(30.0, 10, save_s=5.0, saves_left=2)

@@ -98,12 +98,19 @@ class PPOTrainer:
             nonfinite_steps = count_nonfinite_steps(nonfinite_steps, metrics,
                                                     self.config.max_consecutive_nonfinite_steps)
             self.stop_after_empty_steps(step)
-            if step == last or (self.config.save_freq > 0 and step % self.config.save_freq == 0):
+            step_s, save_s = time.perf_counter() - started, 0.0
+            if self.saves_at(step):
                 self.save(step)
-            if step == done + 1 and step < last:
-                print(time_left(time.perf_counter() - started, last - step), flush=True)
+                save_s = time.perf_counter() - started - step_s
+            if step == done + 1 and step < last:  # the steps left at this pace, and the checkpoints they save
+                saves = sum(self.saves_at(s) for s in range(step + 1, last + 1))
+                print(time_left(step_s, last - step, save_s, saves), flush=True)
             bar.update()
         bar.close()
+
+    def saves_at(self, step: int) -> bool:
+        return step == self.config.total_training_steps or (self.config.save_freq > 0
+                                                            and step % self.config.save_freq == 0)
 
     def train_step(self, step: int) -> dict[str, float]:
         """One training step: rollout, collapse diagnostics, filter, `train_on` (score, advantage, update),
@@ -401,11 +408,14 @@ class PPOTrainer:
                            f"({', '.join(e.rule for e in events)}); report: {report}")
 
 
-def time_left(first_step_s: float, steps_left: int) -> str:
-    """The rest of the run at the pace of its first step: an estimate, since replies grow or shrink and
-    validations and checkpoints come only every few steps."""
-    return (f"[ragen] the first step took {duration(first_step_s)}: the {steps_left} steps left take about "
-            f"{duration(first_step_s * steps_left)} at that pace (estimate)")
+def time_left(first_step_s: float, steps_left: int, save_s: float = 0.0, saves_left: int = 0) -> str:
+    """The rest of the run at the pace of its first step, its checkpoint counted once per checkpoint still to
+    save (`save_s`: its duration, 0 when the first step saved none): an estimate, since replies grow or
+    shrink and validations come only every few steps."""
+    saving = f" and {saves_left} checkpoint(s) of {duration(save_s)}" if save_s and saves_left else ""
+    total = first_step_s * steps_left + (save_s * saves_left if save_s else 0.0)
+    return (f"[ragen] the first step took {duration(first_step_s)}: the {steps_left} steps left{saving} take "
+            f"about {duration(total)} at that pace (estimate)")
 
 
 def with_advantages(records: list[dict], batch: DataProto, updated: bool = True) -> list[dict]:
