@@ -17,8 +17,8 @@ line: `train.sh` run without a recipe passes them to the sokoban recipe.
 import difflib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
 import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Union, get_args, get_origin, get_type_hints
 
