@@ -1,5 +1,6 @@
 """The documentation: README.md stays a short tour, docs/ builds as a site with `mkdocs build --strict`, every
-page is in mkdocs.yml's nav, and the README's relative links reach files (and headings) that exist."""
+page is in mkdocs.yml's nav, the README's relative links reach files (and headings) that exist, and the
+generated config reference matches the schema."""
 
 import re
 import subprocess
@@ -63,3 +64,30 @@ def test_readme_relative_links_exist():
         elif anchor and file.suffix == ".md" and anchor not in _heading_anchors(file.read_text()):
             broken.append(f"{target}: no heading #{anchor} in {path or 'README.md'}")
     assert not broken, "README.md's broken links:\n" + "\n".join(broken)
+
+
+def test_config_reference_is_current():
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "config_reference.py"), "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_config_reference_lists_every_key(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", REPO / "scripts" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = module.render()
+    for key, help_ in [("trainer.total_training_steps", ""), ("actor_rollout_ref.actor.optim.lr", "AdamW learning rate"),
+                       ("es_manager.val.env_groups", ""), ("custom_envs.<name>.env_type", "ENV_REGISTRY"),
+                       ("trainer.watchdog.rules.<name>.threshold", "")]:
+        assert f"| `{key}` |" in page and help_ in page, key
+    # the comment block above a field is its help (lr_scheduler's comment sits on the line before it)
+    assert "constant \\| cosine (to min_lr_ratio * lr at the last step)" in page
+    assert "| `es_manager.val.env_groups` | <code>int</code> | <code>64</code> |" in page  # the val factory's default, not the class's
+    # a stale page fails --check
+    monkeypatch.setattr(module, "PAGE", tmp_path / "config-reference.md")
+    (tmp_path / "config-reference.md").write_text(page.replace("AdamW learning rate", "learning rate"))
+    monkeypatch.setattr(sys, "argv", ["config_reference.py", "--check"])
+    assert module.main() == 1

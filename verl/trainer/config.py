@@ -178,7 +178,8 @@ def default_watchdog_rules() -> dict[str, WatchdogRule]:
 @dataclass
 class WatchdogConfig:
     """Rules over each step's metrics that warn, stop the run with a report, or roll it back to the newest
-    checkpoint saved while no rule was tripping and go on with other seeds (README, 'Training health')."""
+    checkpoint saved while no rule was tripping and go on with other seeds (docs/reading-a-run.md,
+    'Training health')."""
 
     action: str = "warn"  # off | warn | stop | rollback: what a firing rule does unless it names its own action
     rules: dict[str, WatchdogRule] = field(default_factory=default_watchdog_rules)
