@@ -139,3 +139,32 @@ def test_download_wandb_reads_records_split_over_blocks(tmp_path, monkeypatch):
     assert (tmp_path / "out" / run.id / "plots").is_dir()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         download_wandb("nosuchrun", tmp_path / "out", roots=[tmp_path])
+
+
+def test_read_history_waits_for_the_exit_record_the_service_writes_last(tmp_path, monkeypatch, capsys):
+    """After run.finish() the service process may still be writing: the rows are read once the exit record is
+    there (a run without one, still running or killed, gives its rows so far with a warning)."""
+    pytest.importorskip("wandb")
+    from wandb.proto import wandb_internal_pb2
+
+    from ragen.utils import wandb as reader
+
+    def record(kind: str, step: int = 0) -> bytes:
+        r = wandb_internal_pb2.Record()
+        if kind == "history":
+            r.history.step.num = step
+            item = r.history.item.add()
+            item.key, item.value_json = "actor/pg_loss", json.dumps(step / 10)
+        else:
+            r.exit.exit_code = 0
+        return r.SerializeToString()
+
+    written = [[record("history", 1)], [record("history", 1), record("history", 2), record("exit")]]
+    calls = []
+    monkeypatch.setattr(reader, "read_records", lambda path: calls.append(path) or written[min(len(calls), 2) - 1])
+    assert reader.read_history(tmp_path / "run.wandb") == [{"step": 1, "actor/pg_loss": 0.1},
+                                                           {"step": 2, "actor/pg_loss": 0.2}]
+    assert len(calls) == 2
+    monkeypatch.setattr(reader, "read_records", lambda path: [record("history", 1)])
+    assert reader.read_history(tmp_path / "run.wandb", wait_s=0.3) == [{"step": 1, "actor/pg_loss": 0.1}]
+    assert "has no exit record" in capsys.readouterr().err

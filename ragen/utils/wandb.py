@@ -14,6 +14,8 @@ is a serialised `wandb_internal_pb2.Record`, history rows among them.
 import json
 import shutil
 import struct
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,14 +44,30 @@ def read_records(path: Path) -> list[bytes]:
     return records
 
 
-def read_history(path: Path) -> list[dict]:
-    """The rows logged with `wandb.log`, as `{"step": N, metric: value, ...}` (wandb's own `_` keys dropped)."""
+def read_history(path: Path, wait_s: float = 30.0) -> list[dict]:
+    """The rows logged with `wandb.log`, as `{"step": N, metric: value, ...}` (wandb's own `_` keys dropped).
+    wandb's service process writes the file on its own: after `run.finish()` returns, the last records can
+    still be on their way. The run's exit record comes after them, so the file is read again until it holds
+    one, for at most `wait_s` seconds; a run without one (still running, or killed) gives the rows so far,
+    with a warning."""
     from wandb.proto import wandb_internal_pb2
 
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = []
+        for data in read_records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        if time.monotonic() >= deadline:
+            print(f"[ragen] warning: {path} has no exit record (the run is still running, or was killed): "
+                  "its rows so far", file=sys.stderr, flush=True)
+            break
+        time.sleep(0.2)
     rows = []
-    for data in read_records(path):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
+    for record in records:
         if record.WhichOneof("record_type") != "history":
             continue
         row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
