@@ -6,6 +6,10 @@
 # RAGEN's first form, `bash ./train.sh` with settings in environment variables (DIM_X ... NUM_BOXES, BASE_MODEL,
 # ...), trains the sokoban recipe with those settings translated (README, "Old RAGEN commands and keys").
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 configs="$(dirname "$0")/config"
 recipe=${1:-}
 # the old form sets the Sokoban room (DIM_X ...): other old names (EXPERIMENT_NAME, N_GPUS) are too common

@@ -6,6 +6,10 @@
 # torch==2.13.0 is the CPU build here (a local wheel folder); elsewhere add
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 venv=${1:-.venv-trl}
 

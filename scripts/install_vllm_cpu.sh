@@ -11,6 +11,10 @@
 # torch==2.13.0+cpu is a PyTorch CPU wheel: here it comes from a local wheel folder; elsewhere run this with
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu so that pip finds it.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 venv=${1:-.venv-vllm}
 

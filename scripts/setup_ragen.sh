@@ -3,6 +3,10 @@
 # (no conda). torch goes first and is kept when the venv already has it: install a CUDA build of torch
 # there first on a GPU machine. Each command is printed before it runs; --dry-run only prints them.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 dry_run=false
 [[ ${1:-} == --dry-run ]] && dry_run=true

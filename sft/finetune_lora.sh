@@ -5,6 +5,10 @@
 # e.g. bash sft/finetune_lora.sh sokoban 1 checkpoints/sft/sokoban lora.rank=32 optim.lr=2e-4 trainer.total_epochs=3
 # Keys: config/sft.yaml and SFTConfig in ragen/sft/trainer.py. The adapter lands in <save_path>.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 if [ $# -lt 3 ]; then
     echo "usage: bash sft/finetune_lora.sh <env> <num_gpus> <save_path> [key=value ...]" >&2
     exit 2

@@ -8,6 +8,10 @@
 # Defaults (measured on one H100 for Sokoban: 85.9 % of 128 unseen levels, 2 seeds): 2,000 expert episodes,
 # 400 steps of 16 samples (under one epoch), lr 1e-4 on a cosine after 10 warm-up steps.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 if [ $# -lt 1 ]; then
     echo "usage: bash sft/warm_start.sh <env> [output_dir] [key=value ...]" >&2
     exit 2

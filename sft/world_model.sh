@@ -8,6 +8,10 @@
 # Options (--train-episodes, --temperature, --lora-rank, --sft key=value, ...): python -m ragen.sft.world_model stage -h
 # The fine-tuned model (<output_dir>/model, or model_merged with --lora-rank N) is a model_path for train.sh.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 if [ $# -lt 3 ]; then
     echo "usage: bash sft/world_model.sh <env> <num_gpus> <output_dir> [--option ...] [key=value ...]" >&2
     exit 2

@@ -91,3 +91,79 @@ def test_config_reference_lists_every_key(tmp_path, monkeypatch):
     (tmp_path / "config-reference.md").write_text(page.replace("AdamW learning rate", "learning rate"))
     monkeypatch.setattr(sys, "argv", ["config_reference.py", "--check"])
     assert module.main() == 1
+
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+TOP_KEYS = ("actor_rollout_ref", "trainer", "es_manager", "agent_proxy", "algorithm", "critic", "lora", "logging",
+            "ray", "custom_envs", "model_path", "data", "eval", "optim", "model", "env", "training", "system", "hydra",
+            "algo", "scale")
+# a config key, or an override `key=value`, inside a code span or block: `trainer.save_freq`, `+a.b=1`
+CONFIG_KEY = re.compile(r"(?<![\w./-])[+~]{0,2}((?:%s)(?:\.[A-Za-z0-9_<>*@-]+)*)(=?)" % "|".join(TOP_KEYS))
+PYTHON_NAMES = {"ray.init", "ray.cluster_utils.Cluster", "agent_proxy.py"}  # code, not config keys
+
+
+def _code(markdown: str) -> list[str]:
+    return re.findall(r"```[a-z]*\n(.*?)```", markdown, flags=re.S) + re.findall(r"`([^`\n]+)`", markdown)
+
+
+def test_every_config_key_the_docs_name_is_one():
+    """Every dotted key and every `key=value` in README.md and docs/ is a key of the training schema, of the
+    SFT trainer's, one of RAGEN's old keys the old-key table translates, a config group or Hydra's own."""
+    from ragen.overrides import is_group_or_hydra, is_old_key, is_schema_key, schema_paths
+    from ragen.sft.trainer import SFTConfig
+
+    sft = [path.split(".") for path in schema_paths(SFTConfig)]
+
+    def known(key: str) -> bool:
+        key = re.sub(r"<[^>]*>", "name", key).removesuffix(".*")  # custom_envs.<tag>: any name; logging.*: all
+        parts = key.split(".")
+        return (is_schema_key(key) or is_old_key(key) or is_group_or_hydra(key)
+                or any(len(p) == len(parts) and all(a in ("*", b) for a, b in zip(p, parts)) for p in sft))
+
+    unknown, seen = [], 0
+    for page in DOCS:
+        if page.name == "config-reference.md":  # generated from the schema itself
+            continue
+        for code in _code(page.read_text()):
+            for match in CONFIG_KEY.finditer(code):
+                key, assigned = match.group(1).rstrip(".->"), match.group(2)
+                if ("." not in key and not assigned) or key in PYTHON_NAMES:
+                    continue
+                seen += 1
+                if not known(key):
+                    unknown.append(f"{page.relative_to(REPO)}: {key}")
+    assert seen > 200, f"found only {seen} config keys in the docs: has the pattern stopped matching?"
+    assert not unknown, "keys the config does not know:\n" + "\n".join(sorted(set(unknown)))
+
+
+def test_every_command_the_docs_name_exists():
+    """Every `python -m <module>` imports, and every scripts/… and sft/… script named exists."""
+    import importlib.util
+
+    missing, modules, scripts = [], set(), set()
+    for page in DOCS:
+        text = page.read_text()
+        modules |= set(re.findall(r"python3? -m ([\w.]+)", text))
+        scripts |= set(re.findall(r"(?<![\w/.-])((?:scripts|sft)/[\w/.-]+\.(?:py|sh))", text))
+        scripts |= {name for name in re.findall(r"bash ([\w/.-]+\.sh)", text)}
+    missing += [f"python -m {m}" for m in sorted(modules) if importlib.util.find_spec(m) is None]
+    missing += [path for path in sorted(scripts) if not (REPO / path.removeprefix("./")).is_file()]
+    assert len(modules) > 5 and len(scripts) > 10, (modules, scripts)
+    assert not missing, "named in the docs, but not in the repository: " + ", ".join(missing)
+
+
+def test_every_script_answers_help():
+    """Each command-line script prints its usage for --help and exits 0 (the shell scripts print the comment
+    at their top instead of acting on `--help` as an argument)."""
+    failed = []
+    for script in sorted((REPO / "scripts").glob("*.py")):
+        done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                              cwd=REPO)
+        if done.returncode != 0 or (script.name != "flops.py" and "usage" not in done.stdout.lower()
+                                    and "downloads nothing" not in done.stdout):
+            failed.append(f"{script.name}: exit {done.returncode}, {done.stdout[:80]!r} {done.stderr[-200:]!r}")
+    for script in [REPO / "train.sh", *sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "sft").glob("*.sh"))]:
+        done = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
+        if done.returncode != 0 or not done.stdout.strip():
+            failed.append(f"{script.name}: exit {done.returncode}, {done.stderr[-200:]!r}")
+    assert not failed, "\n".join(failed)
