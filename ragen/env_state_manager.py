@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
-from ragen.config import CustomEnvConfig, EnvGroupsConfig
+from ragen.config import CustomEnvConfig, EnvGroupsConfig, EsManagerConfig
 from ragen.curriculum import curriculum_metrics, make_curriculum
 from ragen.envs import make_env
 
@@ -75,10 +75,12 @@ class EnvFailureError(RuntimeError):
 
 class EnvStateManager:
     def __init__(self, config: EnvGroupsConfig, custom_envs: dict[str, CustomEnvConfig], seed: int,
-                 env_step_timeout_s: float | None = None, max_env_failure_share: float = 0.25):
-        """`env_step_timeout_s` and `max_env_failure_share`: the `es_manager` keys of the same names."""
+                 limits: EsManagerConfig | None = None):
+        """`limits`: the run's `es_manager`, whose `env_step_timeout_s` and `max_env_failure_share` apply
+        (None: their defaults)."""
+        limits = limits or EsManagerConfig()
         self.config, self.seed, self.custom_envs = config, seed, custom_envs
-        self.env_step_timeout_s, self.max_env_failure_share = env_step_timeout_s, max_env_failure_share
+        self.env_step_timeout_s, self.max_env_failure_share = limits.env_step_timeout_s, limits.max_env_failure_share
         self.states: list[EnvState] = []
         self.curriculum = make_curriculum(config.curriculum)  # None without one
         mix = config.env_configs

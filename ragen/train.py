@@ -196,8 +196,7 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
     rollout, model_path = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model.path
     groups: EnvGroupsConfig = cfg.es_manager.train if split == "train" else cfg.es_manager.val
     seed = cfg.trainer.seed if split == "train" else cfg.trainer.val_seed
-    env_manager = EnvStateManager(groups, cfg.custom_envs, seed, env_step_timeout_s=cfg.es_manager.env_step_timeout_s,
-                                  max_env_failure_share=cfg.es_manager.max_env_failure_share)
+    env_manager = EnvStateManager(groups, cfg.custom_envs, seed, limits=cfg.es_manager)
     context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, env_manager.env_per_tag(),
                                       eos_ids=eos_token_ids(model_path, tokenizer),
                                       max_model_len=rollout.max_model_len or max_context_length(model_path))

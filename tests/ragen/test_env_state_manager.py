@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from ragen.config import CurriculumConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig
+from ragen.config import CurriculumConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig, EsManagerConfig
 from ragen.env_state_manager import EnvFailureError, EnvStateManager, call_with_timeout
 
 SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=3, env_config={"dim_x": 6, "dim_y": 6})
@@ -70,7 +70,7 @@ def test_an_environment_that_raises_ends_only_its_own_trajectory():
 
 def test_a_hanging_step_is_abandoned_after_the_timeout():
     em = EnvStateManager(EnvGroupsConfig(env_groups=2, group_size=2, env_configs=EnvMixConfig(["Sokoban"], [2])),
-                         {"Sokoban": SOKOBAN}, seed=100, env_step_timeout_s=0.2)
+                         {"Sokoban": SOKOBAN}, seed=100, limits=EsManagerConfig(env_step_timeout_s=0.2))
     em.reset(step=1)
     release = threading.Event()
     em.states[2].env.step = lambda action: release.wait()  # hangs until the test ends
