@@ -281,7 +281,7 @@ def test_lora_run_then_eval_of_its_checkpoint(tiny_model_path, tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.splitlines()[1].split()[0] == "CoordSokoban"
+    assert result.stdout.splitlines()[2].split()[0] == "CoordSokoban"  # after the model line and the header
 
 
 def test_a_run_never_rewrites_another_runs_folder(tiny_model_path, tmp_path):

@@ -28,7 +28,7 @@ def test_banner_says_where_everything_goes_and_how_to_start_over(tmp_path, capsy
 
 def test_summary_of_an_interrupted_run(tmp_path):
     cfg, started = config(tmp_path), time.time()
-    assert "none written yet (every 20 steps and after the last: trainer.save_freq): to start over in this folder, " \
+    assert "none written yet (every step and after the last: trainer.save_freq): to start over in this folder, " \
         "add trainer.overwrite=true" in summary(cfg, started)
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     staging = checkpoint.staging_dir(tmp_path, 1)

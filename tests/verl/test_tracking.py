@@ -63,7 +63,7 @@ def test_plots_are_drawn_from_the_jsonl_alone(tmp_path):
                                              "success.png"]
     for path in paths:
         with Image.open(path) as image:
-            assert image.format == "PNG" and image.size == ((1400, 800) if path.name == "collapse.png" else (700, 400))
+            assert image.format == "PNG" and image.size == ((1900, 800) if path.name == "collapse.png" else (950, 400))
 
 
 def test_plotting_a_folder_without_metrics_says_so(tmp_path):
