@@ -131,12 +131,9 @@ OmegaConf.register_new_resolver("ragen_min", lambda *values: min(values), replac
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 
-def load_config(config_name: str = "base", overrides: Sequence[str] = ()) -> RagenConfig:
-    """Compose a recipe with Hydra overrides, as `train.sh` does, for tools other than the trainer. Old RAGEN
-    keys are translated and unknown ones refused first, as on the command line (ragen/overrides.py)."""
-    from ragen.overrides import rewrite_overrides  # it imports this module
-
-    overrides = rewrite_overrides(overrides, config_name)
+def compose_recipe(config_name: str = "base", overrides: Sequence[str] = ()) -> RagenConfig:
+    """A recipe composed with Hydra overrides taken as they are. Tools compose through
+    `ragen.overrides.load_config`, which translates old RAGEN keys and refuses unknown ones first."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name, overrides=list(overrides)))
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragen.config import CustomEnvConfig, load_config
+from ragen.config import CustomEnvConfig
+from ragen.overrides import load_config
 from ragen.envs import make_env
 
 
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.train_size < 0 or args.test_size < 0:
         parser.error("--train-size and --test-size must be >= 0")
 
-    custom_envs = load_config("base", args.override).custom_envs
+    custom_envs = load_config("base", args.override, announce=True).custom_envs
     unknown = [tag for tag in args.tags if tag not in custom_envs]
     if unknown:
         parser.error(f"unknown tags {unknown}; custom_envs in config/base.yaml are {sorted(custom_envs)}")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Union, get_args, get_origin, get_type_hints
 
-from ragen.config import CONFIG_DIR, ConfigError, RagenConfig, load_config
+from ragen.config import CONFIG_DIR, ConfigError, RagenConfig, compose_recipe
 
 ENV_KEY_PREFIXES = ("env.env_kwargs.", "env.")  # RAGEN's env settings (Feb 2025, Jan 2025): one env's config
 
@@ -243,7 +243,7 @@ def is_old_key(key: str) -> bool:
 def env_key(key: str, recipe: str) -> str:
     """RAGEN's `env.dim_x` / `env.env_kwargs.dim_x` -> `custom_envs.<tag>.env_config.dim_x` of the recipe's env."""
     name = next(key[len(p):] for p in ENV_KEY_PREFIXES if key.startswith(p))
-    tags = load_config(recipe).es_manager.train.env_configs.tags
+    tags = compose_recipe(recipe).es_manager.train.env_configs.tags
     if len(tags) != 1:
         raise ConfigError(f"{key} (RAGEN's old env settings) is ambiguous: recipe {recipe} trains on {tags}; set "
                           f"custom_envs.<tag>.env_config.{name} for the tag you mean")
@@ -264,9 +264,23 @@ def translate(override: str, recipe: str) -> list[str]:
             for new in entry.keys]
 
 
-def rewrite_overrides(overrides: Sequence[str], recipe: str) -> list[str]:
+def load_config(config_name: str = "base", overrides: Sequence[str] = (), announce: bool = False) -> RagenConfig:
+    """Compose a recipe with overrides as `train.sh` does, for tools other than the trainer: old RAGEN keys
+    translated and unknown keys refused first. `announce`: print the old keys' notices (for a command line;
+    a library call composes quietly)."""
+    notices: list[str] = []
+    rewritten = rewrite_overrides(overrides, config_name, notices)
+    if announce:
+        for line in notices:
+            print(line, file=sys.stderr, flush=True)
+    return compose_recipe(config_name, rewritten)
+
+
+def rewrite_overrides(overrides: Sequence[str], recipe: str, notices: list[str] | None = None) -> list[str]:
     """Old RAGEN keys translated (`translate`, with a notice), every other key checked against the schema.
-    Group choices (`algo=grpo`) and Hydra's own `hydra.*` keys pass as they are."""
+    Group choices (`algo=grpo`) and Hydra's own `hydra.*` keys pass as they are. The notices go to `notices`,
+    or to stderr when it is None (the command line)."""
+    say = notices.append if notices is not None else lambda line: print(line, file=sys.stderr, flush=True)
     rewritten = []
     for override in overrides:
         prefix, key, value = split_override(override)
@@ -276,11 +290,11 @@ def rewrite_overrides(overrides: Sequence[str], recipe: str) -> list[str]:
             rewritten.append(override)
         elif (key, value) in OLD_VALUES:
             new = list(OLD_VALUES[key, value])
-            print(f"[ragen] {override}: RAGEN's old value, now {' '.join(new)}", file=sys.stderr, flush=True)
+            say(f"[ragen] {override}: RAGEN's old value, now {' '.join(new)}")
             rewritten += new
         elif is_old_key(key):
             new = translate(override, recipe)
-            print(f"[ragen] {override}: RAGEN's old key, now {' '.join(new)}", file=sys.stderr, flush=True)
+            say(f"[ragen] {override}: RAGEN's old key, now {' '.join(new)}")
             rewritten += new
         elif is_schema_key(key):
             if value is not None and (problem := value_problem(key, value)) is not None:

@@ -453,9 +453,9 @@ def main(argv: list[str] | None = None) -> None:
     files = sorted(args.rollout_dir.glob("step_*.jsonl"), key=_step_number_of_file)
     if not files:
         parser.error(f"no step_<N>.jsonl files in {args.rollout_dir}: give a rollouts/train or rollouts/val folder")
-    from ragen.config import load_config  # Hydra composes the recipe only here, not on import
+    from ragen.overrides import load_config  # Hydra composes the recipe only here, not on import
 
-    custom_envs = load_config(args.config_name, args.overrides).custom_envs
+    custom_envs = load_config(args.config_name, args.overrides, announce=True).custom_envs
     pages = 0
     for path in files:
         records = read_jsonl(path)

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ragen.config import load_config, validate
+from ragen.config import validate
+from ragen.overrides import load_config
 from ragen.train import make_agent
 from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path

@@ -53,7 +53,7 @@ RAGEN_OVERRIDES = [
 
 def bandit_prompt() -> str:
     """The first prompt of a RAGEN Bandit episode, as text (chat template applied, `<think>` opened)."""
-    from ragen.config import load_config
+    from ragen.overrides import load_config
     from ragen.context_manager import ContextManager
     from ragen.env_state_manager import EnvStateManager
     from verl.utils.model import eos_token_ids, load_tokenizer, resolve_model_path

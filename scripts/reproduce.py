@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from ragen.config import load_config
+from ragen.overrides import load_config
 from ragen.plot import read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]

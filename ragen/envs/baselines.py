@@ -166,7 +166,7 @@ def best_constant(env: gymnasium.Env, seeds: Sequence[int], max_actions: int) ->
 
 def resolve_env(name: str, overrides: Sequence[str] = ()) -> tuple[gymnasium.Env, int]:
     """A `custom_envs` tag (with its step budget) or a registered env type (bounded by its own max_steps)."""
-    from ragen.config import load_config  # Hydra; imported here so that `ragen.envs` stays light
+    from ragen.overrides import load_config  # Hydra; imported here so that `ragen.envs` stays light
 
     custom_envs = load_config("base", overrides).custom_envs
     if name in custom_envs:

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ragen.config import CONFIG_DIR, AgentProxyConfig, EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
+from ragen.config import CONFIG_DIR, AgentProxyConfig, EnvGroupsConfig, EnvMixConfig, RagenConfig
+from ragen.overrides import load_config
 from ragen.create_data import write_parquet
 from ragen.env_state_manager import EnvState, EnvStateManager
 from ragen.envs.baselines import ORACLE_PLANS
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     recipes = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("base", "sft"))
     if args.env not in recipes:
         parser.error(f"unknown recipe {args.env!r}; the recipes in config/ are {recipes}")
-    val_seed = load_config(args.env, args.overrides).trainer.val_seed
+    val_seed = load_config(args.env, args.overrides, announce=True).trainer.val_seed
     if args.seed < 0 or args.seed + args.train_size + args.test_size > val_seed:
         parser.error(f"seeds must lie in [0, {val_seed}): the validation start states of training "
                      "(trainer.val_seed) begin there")

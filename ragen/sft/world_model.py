@@ -76,7 +76,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig, load_config
+from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig
+from ragen.overrides import load_config
 from ragen.context_manager import (ANSWER_CLOSE, OBSERVATION_CLOSE, OBSERVATION_OPEN, PREDICTION_CLOSE,
                                    PREDICTION_OPEN, ContextManager, parse_reply, reply_opening, reply_text)
 from ragen.create_data import write_parquet
@@ -463,7 +464,7 @@ def recipe(args: argparse.Namespace) -> RagenConfig:
         defaults["actor_rollout_ref.rollout.response_length"] = str(args.response_length)
     if args.temperature is not None:
         defaults["actor_rollout_ref.rollout.temperature"] = str(args.temperature)
-    return load_config(args.env, with_defaults(defaults, args.overrides))
+    return load_config(args.env, with_defaults(defaults, args.overrides), announce=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,11 +2,12 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 import ragen.train
-from ragen.config import ConfigError, RagenConfig, load_config, validate
+from ragen.config import ConfigError, RagenConfig, validate
+from ragen.overrides import load_config
 
 
 def load(recipe: str, *overrides: str) -> RagenConfig:
-    return load_config(recipe, overrides)
+    return load_config(recipe, overrides, announce=True)  # as a command line does
 
 
 @pytest.mark.parametrize("recipe", ["sokoban", "bandit", "frozen_lake", "countdown"])
@@ -347,6 +348,10 @@ def test_the_ragen_readme_command_is_translated_with_a_notice(capsys):
         in notices
     # Hydra's hint for the old key, `+model.experiment_name=...`, ran with the name ignored: now it is the name
     assert load("sokoban", "+model.experiment_name=mine").trainer.experiment_name == "mine"
+    capsys.readouterr()
+    # a library call composes quietly: only a command line prints the notices
+    assert load_config("sokoban", ["model.experiment_name=quiet"]).trainer.experiment_name == "quiet"
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("old, read_back, expected", [

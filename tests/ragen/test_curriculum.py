@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from ragen.config import ConfigError, CurriculumConfig, load_config, validate
+from ragen.config import ConfigError, CurriculumConfig, validate
+from ragen.overrides import load_config
 from ragen.curriculum import AdaptiveCurriculum, ScheduleCurriculum, curriculum_metrics, gaussian_level_probs
 from tests.test_train_e2e import read_metrics, train
 from tests.verl.test_ppo_trainer import RecordingWorkers, Rollout, rollout_batch

@@ -1,6 +1,6 @@
 import time
 
-from ragen.config import load_config
+from ragen.overrides import load_config
 from ragen.run_report import print_banner, summary
 from verl.utils import checkpoint
 

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ragen.config import ConfigError, load_config
+from ragen.config import ConfigError
+from ragen.overrides import load_config
 from ragen.context_manager import ContextManager, parse_reply, reply_spans
 from ragen.env_state_manager import reseed
 from ragen.envs import make_env

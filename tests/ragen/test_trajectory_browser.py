@@ -123,7 +123,7 @@ def test_pages_are_written_where_ragen_puts_them_and_the_index_lists_every_step(
 
 @pytest.mark.parametrize("steps, train_pages", [(2, ["step_1", "step_2"]), (6, ["step_1", "step_4", "step_6"])])
 def test_a_run_writes_its_first_and_last_steps_and_every_validation(tmp_path, steps, train_pages):
-    from ragen.config import load_config
+    from ragen.overrides import load_config
     from ragen.train import trajectory_pages
 
     cfg = load_config("bandit", [f"trainer.total_training_steps={steps}", "logging.log_image_step_size=4",

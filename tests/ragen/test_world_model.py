@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ragen.config import AgentProxyConfig, ConfigError, load_config
+from ragen.config import AgentProxyConfig, ConfigError
+from ragen.overrides import load_config
 from ragen.context_manager import ContextManager, parse_reply
 from ragen.create_data import write_parquet
 from ragen.env_state_manager import reseed

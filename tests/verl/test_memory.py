@@ -3,7 +3,8 @@
 import pytest
 from transformers import AutoModelForCausalLM
 
-from ragen.config import ConfigError, load_config
+from ragen.config import ConfigError
+from ragen.overrides import load_config
 from ragen.train import check_memory
 from verl.utils import memory
 from verl.utils.lora import apply_lora

@@ -114,7 +114,8 @@ def test_system_folders_are_refused_as_run_folders(tmp_path, monkeypatch):
 
 
 def test_every_route_to_a_name_is_checked_before_anything_loads(tmp_path, monkeypatch):
-    from ragen.config import ConfigError, load_config, validate
+    from ragen.config import ConfigError, validate
+    from ragen.overrides import load_config
     from ragen.overrides import from_env_vars
 
     for override in ("trainer.experiment_name=/tmp/evil", "model.experiment_name=../../x",  # new key, old key
@@ -246,7 +247,7 @@ def test_ctrl_c_during_a_save_leaves_no_staging_folder(tmp_path):
 
 
 def test_a_cpu_run_is_resumable_from_its_last_finished_step_by_default():
-    from ragen.config import load_config
+    from ragen.overrides import load_config
 
     for recipe in ("bandit", "sokoban", "frozen_lake", "countdown"):
         assert load_config(recipe, ["scale=cpu"]).trainer.save_freq == 1, recipe

@@ -6,7 +6,7 @@ import gymnasium
 import pytest
 from gymnasium import spaces
 
-from ragen.config import load_config
+from ragen.overrides import load_config
 from ragen.envs import ENV_REGISTRY, EnvContractError, check_env, make_env
 from ragen.envs.utils import step_info
 
