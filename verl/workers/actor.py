@@ -151,9 +151,8 @@ class ActorRolloutRefWorker(Worker):
             log_probs=log_probs, old_log_probs=old_log_probs, advantages=batch["advantages"],
             loss_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c)
-        if "rollout_log_probs" in batch:  # every rollout's batch has them (hand-built test batches may not)
-            pg_metrics |= rollout_mismatch(old_log_probs=old_log_probs, rollout_log_probs=batch["rollout_log_probs"],
-                                           loss_mask=mask)
+        pg_metrics |= rollout_mismatch(old_log_probs=old_log_probs, rollout_log_probs=batch["rollout_log_probs"],
+                                       loss_mask=mask)
         if cfg.tis_imp_ratio_cap is not None:  # the engine drew the tokens: reweight them to the trainer's policy
             weights = truncated_is_weights(old_log_probs=old_log_probs, rollout_log_probs=batch["rollout_log_probs"],
                                            cap=cfg.tis_imp_ratio_cap)

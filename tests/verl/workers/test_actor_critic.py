@@ -30,7 +30,7 @@ LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 def make_batch(tokenizer, seed: int = 0) -> DataProto:
     """Four right-padded sequences of different lengths, with random advantages and returns on their
-    generated tokens. old_log_probs and values are the workers' to add."""
+    generated tokens (and stand-in rollout log-probs). old_log_probs and values are the workers' to add."""
     gen = torch.Generator().manual_seed(seed)
     size, width = len(LENGTHS), max(LENGTHS)
     input_ids = torch.full((size, width), tokenizer.pad_token_id, dtype=torch.long)
@@ -47,7 +47,8 @@ def make_batch(tokenizer, seed: int = 0) -> DataProto:
         "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
         "loss_mask": loss_mask, "adv_mask": loss_mask.clone(),
         "advantages": torch.randn((size, width), generator=gen) * loss_mask,
-        "returns": torch.randn((size, width), generator=gen) * loss_mask})
+        "returns": torch.randn((size, width), generator=gen) * loss_mask,
+        "rollout_log_probs": torch.zeros((size, width))})  # every rollout's batch has the engine's log-probs
 
 
 def actor_config(model_path: str, temperature: float = 1.0, **actor) -> ActorRolloutRefConfig:
