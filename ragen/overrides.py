@@ -350,10 +350,9 @@ def value_problem(key: str, value: str) -> str | None:
     try:
         if annotation is bool:
             ok = value.lower() in ("true", "false", "yes", "no", "on", "off")
-        elif annotation is int:
-            ok = float(value.replace("_", "")).is_integer()
-        else:
-            ok = float(value.replace("_", "").replace(".inf", "inf")) is not None
+        else:  # an int must be a whole number; a float anything float() reads (YAML's .inf too)
+            number = float(value.replace("_", "").replace(".inf", "inf"))
+            ok = annotation is float or number.is_integer()
     except ValueError:
         ok = False
     shown = str(default).lower() if isinstance(default, bool) else default

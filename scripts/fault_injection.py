@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.conftest's tiny model
 
 from verl.trainer.config import TrainerConfig  # noqa: E402
-from verl.utils.checkpoint import resume_path  # noqa: E402
+from verl.utils.checkpoint import read_step, resume_path  # noqa: E402
 
 STAGES = ("rollout", "update", "checkpoint", "random")  # what a kill waits for
 # metrics that measure the machine, not the training: they differ between any two runs
@@ -69,7 +69,7 @@ class Kill:
 def checkpointed(run_dir: Path) -> int:
     """The step of the checkpoint a resume would start from (0: none): the newest that verifies."""
     path = resume_path(TrainerConfig(default_local_dir=str(run_dir)))
-    return 0 if path is None else int(path.name.removeprefix("global_step_"))
+    return 0 if path is None else read_step(path)
 
 
 DAMAGES = (("actor/model.safetensors", "cut short"), ("actor/train_state_rank0.pt", "bit-flipped"),

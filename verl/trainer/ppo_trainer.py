@@ -306,7 +306,7 @@ class PPOTrainer:
     def save(self, step: int) -> Path:
         """Checkpoint every worker group, the trainer's own state and the run's config; atomic (see
         verl/utils/checkpoint.py). The number of ranks is recorded: each rank resumes its own optimizer shard."""
-        staging = checkpoint.step_dir(self.config.default_local_dir, step).with_suffix(".tmp")
+        staging = checkpoint.staging_path(self.config.default_local_dir, step)
         try:
             return self.write_checkpoint(step)
         except BaseException as e:  # a full disk, a read-only folder, Ctrl-C: no staging folder left behind

@@ -101,9 +101,14 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
 
 
+def staging_path(root: str | Path, step: int) -> Path:
+    """Where checkpoint `step` is written before it is renamed into place."""
+    return step_dir(root, step).with_suffix(".tmp")
+
+
 def staging_dir(root: str | Path, step: int) -> Path:
     """An empty folder to write checkpoint `step` into (a leftover of a crashed save is removed)."""
-    staging = step_dir(root, step).with_suffix(".tmp")
+    staging = staging_path(root, step)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return staging
@@ -122,6 +127,7 @@ def commit(staging: Path, step: int, trainer_state: dict, run_config: dict, keep
     (staging / TRAINER_STATE).write_text(json.dumps({**trainer_state, "rng": driver_rng_state()}), encoding="utf-8")
     final = step_dir(staging.parent, step)
     replace_folder(staging, final)  # the same step saved again (a resumed run redoing it): the new one wins
+    _verified[_files_key(final)] = None  # its manifest was just computed from these files: not hashed again
     _write_atomic(staging.parent / LATEST, str(step))
     protected = {newest_resumable_checkpoint(staging.parent, before_step=step + 1, healthy_only=True, verified=True)}
     if keep != 1 and resumable != 1:
@@ -155,13 +161,18 @@ def verify(folder: str | Path) -> str | None:
     if not (folder / TRAINER_STATE).is_file():
         return f"{folder / TRAINER_STATE} is missing: the checkpoint is incomplete"
     try:
-        key = (str(folder.resolve()), tuple(sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns)
-                                                  for p in folder.rglob("*") if p.is_file())))
+        key = _files_key(folder)
     except FileNotFoundError as e:  # replaced while being listed (a save of the same step): not cached
         return f"{e.filename} vanished while it was read"
     if key not in _verified:
         _verified[key] = _problem(folder)
     return _verified[key]
+
+
+def _files_key(folder: Path) -> tuple:
+    """The folder and the size and modification time of each of its files: what `verify` caches its answer by."""
+    return (str(folder.resolve()), tuple(sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                                                for p in folder.rglob("*") if p.is_file())))
 
 
 def _problem(folder: Path) -> str | None:
