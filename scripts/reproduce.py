@@ -128,7 +128,44 @@ def signal_means(rows: list[dict], window: int = 5) -> dict[str, tuple[float, fl
     return means
 
 
-def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
+def provenance(recipe: str, overrides: list[str]) -> dict:
+    """What the table's numbers were measured with: the model, the machine, the code and the day."""
+    import os
+
+    import torch
+
+    machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{len(os.sched_getaffinity(0))} CPU cores"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return {"model": str(load_config(recipe, overrides).model_path), "machine": machine,
+            "commit": commit.strip() or None, "date": time.strftime("%Y-%m-%d")}
+
+
+def validation_baselines(recipe: str, overrides: list[str]) -> dict[str, dict]:
+    """The reference agents (ragen/envs/baselines.py) on the runs' own validation start states, one episode
+    each, as the policy is validated: per tag {"random": success, "constant": [best word, success] or None,
+    "oracle": success or None}."""
+    from ragen.env_state_manager import EnvStateManager
+    from ragen.envs import baselines
+
+    cfg = load_config(recipe, overrides)
+    manager = EnvStateManager(cfg.es_manager.val, cfg.custom_envs, cfg.trainer.val_seed)
+    seeds: dict[str, list[int]] = {}
+    for state in manager.reset(0):  # validation always plays the start states of step 0
+        seeds.setdefault(state.tag, []).append(state.seed)
+    table = {}
+    for tag, tag_seeds in seeds.items():
+        env, budget = manager.env_per_tag()[tag], cfg.custom_envs[tag].max_actions_per_traj
+        tag_seeds = sorted(set(tag_seeds))  # one episode per start state (a group shares its seed)
+        constant = baselines.best_constant(env, tag_seeds, budget)
+        table[tag] = {"random": baselines.evaluate(env, baselines.RandomAgent(0), tag_seeds, budget).success_rate,
+                      "constant": [constant[0], constant[1].success_rate] if constant else None,
+                      "oracle": baselines.evaluate(env, baselines.OracleAgent(0), tag_seeds, budget).success_rate
+                      if baselines.has_oracle(env) else None}
+    return table
+
+
+def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dict]) -> dict:
+    """The results.json record; `baselines` from validation_baselines, on the same start states."""
     tags = sorted({tag for run in runs.values() for tag in run["val"]})
     table = {}
     for tag in tags:
@@ -137,9 +174,10 @@ def summarise(runs: dict[int, dict], recipe: str, args) -> dict:
         table[tag] = {"before": before, "after": after, "after_mean": statistics.mean(after),
                       "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,  # sample std over seeds
                       "before_mean": statistics.mean(before)}
-    return {"recipe": recipe, "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
+    return {"recipe": recipe, **provenance(recipe, args.overrides), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
+            "baselines": baselines,
             "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
 
 
@@ -147,11 +185,15 @@ def markdown(summary: dict) -> str:
     seeds = summary["seeds"]
     lines = [f"# `{summary['recipe']}`: validation success (greedy) on {summary['val_groups']} start states per tag "
              f"from seed {summary['val_seed']}, training seeds {seeds}", "",
-             "| tag | before | after (mean ± sample std over seeds) | after, per seed |", "|---|---|---|---|"]
+             "| tag | random | best constant move | oracle | before | after (mean ± sample std over seeds) | "
+             "after, per seed |", "|---|---|---|---|---|---|---|"]
     for tag, row in summary["val_success"].items():
         per_seed = ", ".join(f"{v:.3f}" for v in row["after"])
-        lines.append(f"| {tag} | {row['before_mean']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | "
-                     f"{per_seed} |")
+        base = summary["baselines"][tag]
+        constant = f"{base['constant'][1]:.3f} ({base['constant'][0]})" if base["constant"] else "-"
+        oracle = "-" if base["oracle"] is None else f"{base['oracle']:.3f}"
+        lines.append(f"| {tag} | {base['random']:.3f} | {constant} | {oracle} | {row['before_mean']:.3f} | "
+                     f"{row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
     times = ", ".join(f"{t / 60:.1f}" for t in summary["wall_time_s"].values())
     lines += ["", f"Steps per run: {sorted(set(summary['steps'].values()))}; wall time per run (min): {times}.",
               f"Extra overrides: {summary['overrides'] or 'none'}.", "",
@@ -254,7 +296,8 @@ def main() -> None:
                       "wall_time_s": wall, "rows": rows}
         changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
-    summary = summarise(runs, args.recipe, args)
+    summary = summarise(runs, args.recipe, args,
+                        validation_baselines(args.recipe, [f"trainer.val_seed={args.val_seed}", *overrides]))
     (out / "results.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     (out / "results.md").write_text(markdown(summary), encoding="utf-8")
     plot(runs, out / "curve.png", args.recipe)

@@ -2,11 +2,13 @@
 page is in mkdocs.yml's nav, the README's relative links reach files (and headings) that exist, and the
 generated config reference matches the schema."""
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,6 +93,52 @@ def test_config_reference_lists_every_key(tmp_path, monkeypatch):
     (tmp_path / "config-reference.md").write_text(page.replace("AdamW learning rate", "learning rate"))
     monkeypatch.setattr(sys, "argv", ["config_reference.py", "--check"])
     assert module.main() == 1
+
+
+def _results_table_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_table", REPO / "scripts" / "results_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_tables_are_the_published_results():
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "results_table.py"), "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
+    """What reproduce.py writes is what the table shows; a recipe without a reproduction says so; an edited
+    number in a table is stale."""
+    module = _results_table_module()
+    summary = {"recipe": "bandit", "model": "/root/.cache/ragen/SmolLM2-135M-Instruct", "machine": "2 CPU cores",
+               "commit": "abc1234", "date": "2026-11-26", "seeds": [1, 2, 3], "val_seed": 83000000,
+               "val_groups": 64, "steps": {"1": 20, "2": 20, "3": 20},
+               "val_success": {"Bandit": {"before": [0.578] * 3, "after": [1.0, 1.0, 0.9375], "after_mean": 0.979,
+                                          "after_std": 0.036, "before_mean": 0.578}},
+               "baselines": {"Bandit": {"random": 0.469, "constant": None, "oracle": 1.0}}}
+    (tmp_path / "bandit").mkdir()
+    (tmp_path / "bandit" / "results.json").write_text(json.dumps(summary))
+    text = module.table(module.load_results(tmp_path), "#results")
+    assert ("| Bandit | 57.8 % → **97.9 %** ± 3.6 (100.0 %, 100.0 %, 93.8 %) | 46.9 % | — | 100.0 % | 100 % | "
+            "`bandit`: 3 seeds, 20 steps, 64 states from seed 83000000; SmolLM2-135M-Instruct, 2 CPU cores, "
+            "2026-11-26 ([details](#results)) |") in text
+    assert "| `countdown` | no published reproduction yet" in text and "| `bandit` | no published" not in text
+
+    page = tmp_path / "page.md"
+    page.write_text(f"intro\n{module.BEGIN}\n{text}\n{module.END}\nrest\n")
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "RESULTS", tmp_path)
+    monkeypatch.setattr(module, "DETAILS", {"page.md": "#results"})
+    module.main(["--check"])  # current: no exit
+    page.write_text(page.read_text().replace("97.9 %", "99.0 %"))
+    with pytest.raises(SystemExit, match="stale results table in page.md"):
+        module.main(["--check"])
+    module.main([])
+    assert "97.9 %" in page.read_text() and page.read_text().endswith("rest\n")
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

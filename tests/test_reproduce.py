@@ -35,7 +35,7 @@ def test_summary_table_signals_and_figures(tmp_path):
         runs[seed] = {"val": reproduce.success_curves(rows, "val-env"),
                       "train": reproduce.success_curves(rows, "train"), "wall_time_s": 60.0, "rows": rows}
     args = argparse.Namespace(val_seed=5_000_000, val_groups=64, overrides=[])
-    summary = reproduce.summarise(runs, "bandit", args)
+    summary = reproduce.summarise(runs, "bandit", args, {"Bandit": {"random": 0.5, "constant": None, "oracle": 1.0}})
 
     row = summary["val_success"]["Bandit"]
     assert row["before"] == [0.5, 0.5] and row["after"] == [1.0, 0.0] and row["after_mean"] == 0.5
@@ -45,12 +45,25 @@ def test_summary_table_signals_and_figures(tmp_path):
     assert "rollout/reward_std" not in summary["signals"][1]  # never logged: no entry, no crash
 
     text = reproduce.markdown(summary)
-    assert "| Bandit | 0.500 | 0.500 ± 0.707 | 1.000, 0.000 |" in text
+    assert "| Bandit | 0.500 | - | 1.000 | 0.500 | 0.500 ± 0.707 | 1.000, 0.000 |" in text
     assert "| 1 | 1.00 -> 0.20 | - | 0.20 -> 0.20 | 0.50 -> 0.50 |" in text
 
     reproduce.plot(runs, tmp_path / "curve.png", "bandit")
     reproduce.plot_signals(runs, tmp_path / "signals.png", "bandit")
     assert (tmp_path / "curve.png").stat().st_size > 0 and (tmp_path / "signals.png").stat().st_size > 0
+
+
+def test_baselines_play_the_validation_start_states():
+    """The reference agents play exactly the states the runs are validated on: trainer.val_seed + group."""
+    from ragen.envs import baselines
+
+    table = reproduce.validation_baselines("frozen_lake", ["trainer.val_seed=700", "es_manager.val.env_groups=40"])
+    env, budget = baselines.resolve_env("FrozenLake")
+    word, share = table["FrozenLake"]["constant"]
+    assert share == baselines.evaluate(env, baselines.ConstantAgent(word), range(700, 740), budget).success_rate
+    assert share != baselines.evaluate(env, baselines.ConstantAgent(word), range(740, 780), budget).success_rate
+    assert 0 <= table["FrozenLake"]["random"] <= 1 and share < table["FrozenLake"]["oracle"]
+    assert reproduce.validation_baselines("bandit", ["es_manager.val.env_groups=8"])["BanditTest"]["constant"] is None
 
 
 def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, monkeypatch, capsys):

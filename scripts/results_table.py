@@ -1,0 +1,96 @@
+"""Write the results tables of README.md and docs/recipes-and-results.md from the committed reproductions.
+
+    python scripts/results_table.py          # rewrites both tables
+    python scripts/results_table.py --check  # exits 1 when a table differs from what the results say
+
+A reproduction is published by copying what `scripts/reproduce.py` wrote into `public/results/<name>/`
+(`results.json`, and `curve.png` for the figure); `<name>` is the recipe, or the recipe and a variant
+(`sokoban_warm_start`). Each validation tag of each `results.json` is one row: the untrained model and the
+trained one on the runs' validation start states, the reference agents on those same states (one episode
+each, as the policy), RAGEN's published number, and how the row was measured. A recipe of train.sh with no
+published reproduction gets a row that says so. The tables sit between the markers below; the rest of each
+file is left as it is, and tests/test_docs.py fails when a table is stale.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "public" / "results"
+BEGIN = "<!-- results table: written by scripts/results_table.py from public/results/*/results.json -->"
+END = "<!-- end of results table -->"
+DETAILS = {"README.md": "docs/recipes-and-results.md#results", "docs/recipes-and-results.md": "#results"}
+# RAGEN's published success rates (Qwen2.5-0.5B; see the research notes), per validation tag
+PAPER = {"Bandit": "100 %", "BanditTest": "100 %", "FrozenLake": "21.8 % (StarPO-S)",
+         "CoordSokoban": "20.3 % (RL), 74.6 % (SFT)", "SimpleSokoban": "20.3 % (RL), 74.6 % (SFT)"}
+RECIPES = ["bandit", "frozen_lake", "sokoban", "countdown"]  # train.sh's recipes, in the README's order
+
+
+def percent(share: float) -> str:
+    return f"{100 * share:.1f} %"
+
+
+def load_results(folder: Path) -> dict[str, dict]:
+    """{name: results.json} for every published reproduction, by name."""
+    return {path.parent.name: json.loads(path.read_text(encoding="utf-8"))
+            for path in sorted(folder.glob("*/results.json"))}
+
+
+def measured_row(name: str, tag: str, result: dict, details: str) -> str:
+    row, base = result["val_success"][tag], result["baselines"][tag]
+    seeds = result["seeds"]
+    trained = f"**{percent(row['after_mean'])}**" + (f" ± {100 * row['after_std']:.1f}" if len(seeds) > 1 else "")
+    per_seed = ", ".join(percent(v) for v in row["after"])
+    before = ", ".join(sorted({percent(v) for v in row["before"]}))
+    constant = f"{percent(base['constant'][1])} ({base['constant'][0]})" if base["constant"] else "—"
+    oracle = "—" if base["oracle"] is None else percent(base["oracle"])
+    steps = sorted(set(result["steps"].values()))
+    how = (f"`{name}`: {len(seeds)} seeds, {'/'.join(map(str, steps))} steps, {result['val_groups']} states from "
+           f"seed {result['val_seed']}; {result['model'].rsplit('/', 1)[-1]}, {result['machine']}, "
+           f"{result['date']} ([details]({details}))")
+    return (f"| {tag} | {before} → {trained} ({per_seed}) | {percent(base['random'])} | {constant} | {oracle} | "
+            f"{PAPER.get(tag, '—')} | {how} |")
+
+
+def table(results: dict[str, dict], details: str) -> str:
+    lines = ["| environment | untrained → trained (mean ± std over seeds; per seed) | random | best constant move "
+             "| oracle | RAGEN paper (Qwen2.5-0.5B) | measured |", "|---|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        lines += [measured_row(name, tag, result, details) for tag in result["val_success"]]
+    published = {result["recipe"] for result in results.values()}
+    for recipe in RECIPES:
+        if recipe not in published:
+            lines.append(f"| `{recipe}` | no published reproduction yet: earlier runs are in the "
+                         f"[lab notes]({details.split('#')[0]}#lab-notes) | | | | | |")
+    return "\n".join(lines)
+
+
+def rewrite(text: str, new_table: str, name: str) -> str:
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"{name}: needs exactly one {BEGIN!r} and one {END!r} line around its results table")
+    head, rest = text.split(BEGIN)
+    return f"{head}{BEGIN}\n{new_table}\n{END}{rest.split(END)[1]}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
+    args = parser.parse_args(argv)
+    results, stale = load_results(RESULTS), []
+    for name, details in DETAILS.items():
+        path = ROOT / name
+        text = path.read_text(encoding="utf-8")
+        new = rewrite(text, table(results, details), name)
+        if new != text:
+            stale.append(name)
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    if args.check and stale:
+        sys.exit(f"stale results table in {', '.join(stale)}: run python scripts/results_table.py")
+    print(f"{'stale' if args.check else 'rewrote'}: {', '.join(stale)}" if stale else "the results tables are up to date")
+
+
+if __name__ == "__main__":
+    main()
