@@ -15,7 +15,12 @@ run() {
     if ! $dry_run; then "$@"; fi
 }
 [[ -d .venv ]] || run python3 -m venv .venv
-$dry_run || . .venv/bin/activate
+if ! $dry_run; then
+    . .venv/bin/activate
+    # a .venv without its own pip (made with --without-pip) would send the installs to another environment
+    [[ $(command -v pip) == "$PWD/.venv/bin/pip" ]] || { echo "setup_ragen.sh: .venv has no pip of its own" \
+        "(pip is $(command -v pip || echo missing)): remove .venv and run this again" >&2; exit 1; }
+fi
 if $dry_run || ! python -c "import torch" 2>/dev/null; then
     run pip install torch==2.13.0
 fi

@@ -111,7 +111,10 @@ def test_dataset_curation_makes_the_room_its_variables_describe(tmp_path):
     assert len(train_rows[0]["observation"].splitlines()[0]) == 7  # a row of the 7-wide room
 
 
-def test_setup_ragen_runs_the_readme_install():
+def test_setup_ragen_runs_the_readme_install(tmp_path):
+    """The script's commands are the README's; run for real in a copy of the repository, it makes a venv in which
+    RAGEN imports from that copy and the bundled model resolves. The copy's venv sees this venv's packages (a
+    .pth file), so nothing large is downloaded: torch is found and kept, the rest is already satisfied."""
     readme = (REPO / "README.md").read_text()
     install = readme.split("## Two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     commands = [c.strip() for line in install.splitlines() if "pip install" in line for c in line.split("&&")]
@@ -119,6 +122,38 @@ def test_setup_ragen_runs_the_readme_install():
                             text=True, timeout=60)
     assert result.returncode == 0 and commands
     assert [line[2:] for line in result.stdout.splitlines() if line.startswith("+ pip")] == commands
+
+    copy = tmp_path / "repo"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, files.split("\0")):
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            (copy / name).write_bytes((REPO / name).read_bytes())
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(copy / ".venv")], check=True, timeout=120)
+    refused = subprocess.run(["bash", str(copy / "scripts" / "setup_ragen.sh")], capture_output=True, text=True,
+                             timeout=60, env=env)  # pip would be this venv's: the copy would be installed here
+    assert refused.returncode == 1 and ".venv has no pip of its own" in refused.stderr, refused.stderr
+    subprocess.run([str(copy / ".venv" / "bin" / "python"), "-m", "ensurepip", "--default-pip"], check=True,
+                   capture_output=True, timeout=300)
+    venv_site = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    outer_site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir())
+    Path(venv_site, "outer.pth").write_text(outer_site + "\n")
+    result = subprocess.run(["bash", str(copy / "scripts" / "setup_ragen.sh")], capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert ran == [c for c in commands if not c.startswith("pip install torch")]  # torch found: kept
+    assert "installed: . .venv/bin/activate && bash train.sh bandit" in result.stdout
+    check = ("import ragen, verl.utils.model as m; print(ragen.__file__); "
+             "print(m.resolve_model_path('bundled:SmolLM2-135M-Instruct'))")
+    shown = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-c", check], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    module, model = shown.stdout.split()
+    assert Path(module).is_relative_to(copy) and Path(model, "config.json").is_file()
 
 
 def test_download_wandb_reads_records_split_over_blocks(tmp_path, monkeypatch):
