@@ -179,6 +179,13 @@ def test_reading_a_checkpoint_restores_the_driver_random_streams(tmp_path):
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
+def test_an_older_checkpoint_reads_with_the_later_fields_at_their_defaults(tmp_path):
+    (tmp_path / checkpoint.TRAINER_STATE).write_text('{"step": 4, "world_size": 1, "rollbacks": 2}')
+    state = checkpoint.read_trainer_state(tmp_path)
+    assert state == {"step": 4, "world_size": 1, "rollbacks": 2, "healthy": True, "watchdog_streaks": {},
+                     "empty_filter_steps": 0, "empty_filter_streak": 0}  # what it recorded is kept
+
+
 def test_an_incomplete_folder_is_refused(tmp_path):
     with pytest.raises(checkpoint.ResumeError, match="not a complete checkpoint"):
         checkpoint.read_trainer_state(tmp_path)

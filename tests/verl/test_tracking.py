@@ -157,3 +157,11 @@ def test_the_console_shows_each_validation_environment_apart(tmp_path, capsys):
     assert line == "step 3: val_Bandit_success=1 val_BanditTest_success=0"
     tracker.log({"val/success_rate": 0.25, "val-env/Bandit/success": 0.25}, step=4)  # one environment: as before
     assert capsys.readouterr().out.strip() == "step 4: val_success_rate=0.25"
+
+
+def test_metrics_are_reduced_by_their_name():
+    from verl.utils.tracking import reduce_metrics
+
+    reduced = reduce_metrics({"actor/pg_loss": [1.0, 3.0], "actor/rollout_logprob_diff_max": [0.5, 2.0],
+                              "critic/advantages_min": [-1.0, -4.0]})
+    assert reduced == {"actor/pg_loss": 2.0, "actor/rollout_logprob_diff_max": 2.0, "critic/advantages_min": -4.0}

@@ -4,7 +4,8 @@ A worker is one rank. Its public methods carry a dispatch mode (`@register`), wh
 group how to spread one call over the ranks and how to gather the answers:
 - ONE_TO_ALL: every rank gets the same arguments (init, broadcast); rank 0's answer is returned.
 - DATA_PARALLEL: the first argument, a DataProto, is cut into one chunk per rank; DataProto answers
-  are concatenated in rank order, metric dicts are averaged over ranks (metrics named `*_max`: their maximum).
+  are concatenated in rank order, metric dicts are reduced over ranks by name (tracking.reduce_metrics:
+  `*_max` the maximum, `*_min` the minimum, any other the mean).
 """
 
 import os

@@ -360,12 +360,10 @@ class PPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         else:
             self.kl_ctrl.value = configured["kl_coef"]
-        rollbacks = state.get("rollbacks", 0)  # absent in checkpoints written before the watchdog
-        if rollbacks:
-            self.set_rollbacks(rollbacks)
-        self.watchdog.restore(state.get("watchdog_streaks", {}))
-        # absent in checkpoints written before the empty-filter stop
-        self.empty_steps, self.empty_streak = state.get("empty_filter_steps", 0), state.get("empty_filter_streak", 0)
+        if state["rollbacks"]:
+            self.set_rollbacks(state["rollbacks"])
+        self.watchdog.restore(state["watchdog_streaks"])
+        self.empty_steps, self.empty_streak = state["empty_filter_steps"], state["empty_filter_streak"]
         if self.curriculum is not None and "curriculum" in state:  # absent: saved by a run without one
             self.curriculum.load_state_dict(state["curriculum"])
         self.tracker.truncate(after_step=state["step"], set_aside_as=set_aside_as)  # else logged twice

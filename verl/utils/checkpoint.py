@@ -305,7 +305,7 @@ def newest_resumable_checkpoint(root: str | Path, before_step: int, healthy_only
         if verified and (problem := verify(path)) is not None:
             _announce(f"[ragen] passing over checkpoint {path}: {problem}")
             continue
-        if not healthy_only or read_trainer_state(path).get("healthy", True):  # absent: from before the watchdog
+        if not healthy_only or read_trainer_state(path)["healthy"]:
             return path
     return None
 
@@ -395,16 +395,24 @@ def config_changes(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
             if old.get(key, "<absent>") != new.get(key, "<absent>")}
 
 
+# Trainer-state fields added after the first checkpoints, with the value that stands for "not recorded": the
+# one place an older checkpoint is brought up to date, so its readers index every field plainly.
+LATER_STATE_FIELDS = {"healthy": True, "rollbacks": 0, "watchdog_streaks": {}, "empty_filter_steps": 0,
+                      "empty_filter_streak": 0}
+
+
 def read_trainer_state(path: str | Path) -> dict:
-    """The trainer state of a checkpoint folder (`rng`: the driver's, for `set_driver_rng_state`)."""
+    """The trainer state of a checkpoint folder (`rng`: the driver's, for `set_driver_rng_state`); fields an
+    older checkpoint lacks get their LATER_STATE_FIELDS value."""
     state_file = Path(path) / TRAINER_STATE
     if not state_file.is_file():
         raise ResumeError(f"{path} is not a complete checkpoint (no {TRAINER_STATE}): pass a global_step_N "
                           "folder to trainer.resume_mode, or use auto")
     try:
-        return json.loads(state_file.read_text(encoding="utf-8"))
+        state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ResumeError(f"{state_file} is unreadable ({e}): the checkpoint is damaged") from e
+    return LATER_STATE_FIELDS | state
 
 
 def save_train_state(path: str | Path, rank: int, optimizer: torch.optim.Optimizer, scheduler) -> None:

@@ -91,9 +91,12 @@ class Tracking:
 
 
 def reduce_metrics(values: dict[str, list[float]]) -> dict[str, float]:
-    """One number per metric from several (micro-batches, ranks): the mean, or for a metric named `*_max`
-    the maximum."""
-    return {k: float(max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+    """One number per metric from several (micro-batches, ranks), by its name: `*_max` their maximum, `*_min`
+    their minimum, any other the mean. The one rule for every metric reduced anywhere (workers, ranks)."""
+    def reduce(key: str, v: list[float]) -> float:
+        return max(v) if key.endswith("_max") else min(v) if key.endswith("_min") else sum(v) / len(v)
+
+    return {k: float(reduce(k, v)) for k, v in values.items()}
 
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:

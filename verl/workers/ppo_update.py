@@ -38,7 +38,7 @@ def ppo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: D
                epochs: int, grad_clip: float, mask_key: str, loss_agg_mode: str, device: torch.device,
                prefix: str) -> dict[str, float]:
     """`mini_batch_size` is per rank; `lr_scheduler` steps once, after the update, if any optimizer step was
-    taken. Returns the micro-batches' metrics averaged over them (those named `*_max`: their maximum), and per
+    taken. Returns the micro-batches' metrics reduced over them by name (reduce_metrics), and per
     mini-batch (averaged over mini-batches) the gradient norm and `loss`: the loss the gradient is of, the same
     for any micro-batch size or number of ranks (a micro-batch's own metrics depend on which rows it holds);
     and the number of optimizer steps skipped on a non-finite gradient norm."""
