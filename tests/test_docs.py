@@ -68,6 +68,21 @@ def test_readme_relative_links_exist():
     assert not broken, "README.md's broken links:\n" + "\n".join(broken)
 
 
+def test_every_figure_has_a_caption_saying_what_it_measured():
+    """A figure is read apart from its page: the italic line under it names the model and the seeds (or that
+    nothing was validated)."""
+    bare = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("!["):
+                caption = next((text for text in lines[i + 1:] if text.strip()), "")
+                if not (caption.startswith("*") and "SmolLM2" in caption
+                        and ("seed" in caption or "no validation" in caption)):
+                    bare.append(f"{page.name}: {line}")
+    assert not bare, "figures without a caption naming the model and seeds:\n" + "\n".join(bare)
+
+
 def test_config_reference_is_current():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "config_reference.py"), "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
