@@ -31,11 +31,11 @@ import threading
 from dataclasses import dataclass, field
 
 import gymnasium as gym
-import numpy as np
 
 from ragen.config import CustomEnvConfig, EnvGroupsConfig, EsManagerConfig
 from ragen.curriculum import curriculum_metrics, make_curriculum
 from ragen.envs import make_env
+from ragen.envs.utils import start_episode
 
 
 @dataclass
@@ -104,8 +104,7 @@ class EnvStateManager:
             level = levels[state.group_id] if levels is not None else None
             if level != state.level:
                 state.env, state.level = self._make_env(state.tag, level), level
-            state.obs, _ = state.env.reset(seed=state.seed)
-            reseed(state.env, [state.seed, state.env_id % self.config.group_size])
+            state.obs, _ = start_episode(state.env, state.seed, [state.seed, state.env_id % self.config.group_size])
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
             state.context_truncated, state.error = False, None
         return self.states
@@ -206,10 +205,3 @@ def call_with_timeout(fn, arg, timeout_s: float | None):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-def reseed(env: gym.Env, entropy: list[int]) -> None:
-    """Set the env's random stream to a fresh one from `entropy`, in place: an env may hand its generator to
-    an inner object (FrozenLake's gymnasium lake), which must see the change too."""
-    generator = env.unwrapped.np_random
-    generator.bit_generator.state = type(generator.bit_generator)(np.random.SeedSequence(entropy)).state

@@ -5,6 +5,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
+import gymnasium
 import numpy as np
 from gymnasium import spaces
 
@@ -166,3 +167,22 @@ def shortest_path(
         if len(parents) > max_states:
             raise RuntimeError(f"shortest_path visited more than {max_states} states without reaching a goal")
     return None
+
+
+def reseed(env: gymnasium.Env, entropy: list[int]) -> None:
+    """Set the env's random stream to a fresh one from `entropy`, in place: an env may hand its generator to
+    an inner object (FrozenLake's gymnasium lake), which must see the change too."""
+    generator = env.unwrapped.np_random
+    generator.bit_generator.state = type(generator.bit_generator)(np.random.SeedSequence(entropy)).state
+
+
+def start_episode(env: gymnasium.Env, seed: int, stream: list[int] | None) -> tuple[str, dict]:
+    """`env.reset(seed=seed)`, then (unless `stream` is None) a fresh random stream from the entropy `stream`,
+    so that environments sharing a start state (a group) play on with their own randomness. The one way an
+    episode starts, in-process and on an environment server; a remote env takes both to its server."""
+    if getattr(env, "starts_remotely", False):
+        return env.reset(seed=seed, options={"stream": stream})
+    observation, info = env.reset(seed=seed)
+    if stream is not None:
+        reseed(env, stream)
+    return observation, info

@@ -13,7 +13,7 @@ import torch
 from ragen.config import ConfigError
 from ragen.overrides import load_config
 from ragen.context_manager import ContextManager, parse_reply, reply_spans
-from ragen.env_state_manager import reseed
+from ragen.envs.utils import reseed
 from ragen.envs import make_env
 from ragen.envs.baselines import ORACLE_PLANS
 from ragen.sft.data import expert_episodes, main as generate_main, tokenizer_fingerprint

@@ -11,7 +11,7 @@ from ragen.config import AgentProxyConfig, ConfigError
 from ragen.overrides import load_config
 from ragen.context_manager import ContextManager, parse_reply
 from ragen.create_data import write_parquet
-from ragen.env_state_manager import reseed
+from ragen.envs.utils import reseed
 from ragen.envs import make_env
 from ragen.sft import world_model
 from ragen.sft.trainer import load_split
