@@ -6,7 +6,9 @@ and each environment's YAML builds on `base`. Hydra rejects unknown keys and wro
 """
 
 import math
+import os
 import typing
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,10 +73,29 @@ class EsManagerConfig:
 
 
 @dataclass
+class EnvServerConfig:
+    """Where a tag's environments run: in this process (neither url nor spawn), on a running environment server
+    (`url`), or on servers the run starts and stops (`spawn`): `python -m ragen.envs.serve` (docs/environments.md)."""
+
+    url: str | None = None  # a running server, e.g. http://127.0.0.1:8000
+    spawn: bool = False  # start `workers` servers for the run with `python` (stopped at its end, also on a crash)
+    python: str | None = None  # the spawned servers' interpreter, e.g. another virtualenv's bin/python; null: this one
+    workers: int = 1  # spawned servers; the tag's environments are spread over them
+    timeout_s: float = 30.0  # one request's limit (connect, send, answer)
+    retries: int = 3  # attempts after a connection error, 429 or 503 (others are never retried), 0.5 s apart, doubling
+    token: str | None = None  # sent as Authorization: Bearer; null: $RAGEN_ENV_SERVER_TOKEN, if set
+
+
+@dataclass
 class CustomEnvConfig:
-    env_type: str = "sokoban"  # key of ragen.envs.ENV_REGISTRY
+    env_type: str = "sokoban"  # key of ragen.envs.ENV_REGISTRY (of the server's, when the env is served)
     max_actions_per_traj: int = 10  # step budget of one trajectory, over all its turns
     env_config: dict[str, Any] = field(default_factory=dict)  # fields of the env's config dataclass
+    server: EnvServerConfig = field(default_factory=EnvServerConfig)  # run in-process, or on an env server
+
+    @property
+    def served(self) -> bool:
+        return self.server.url is not None or self.server.spawn
 
 
 @dataclass
@@ -422,13 +443,29 @@ def _validate_envs(cfg: RagenConfig) -> None:
             _check(tag in cfg.custom_envs, f"{key}.env_configs.tags: {tag!r} is not defined under custom_envs "
                                            f"(defined: {sorted(cfg.custom_envs)})")
     for tag, env in cfg.custom_envs.items():
+        _check(env.max_actions_per_traj >= 1, f"custom_envs.{tag}.max_actions_per_traj must be >= 1")
+        if env.served:  # the server knows its env types and checks env_config (at the health check, before a rollout)
+            _validate_server(f"custom_envs.{tag}.server", env.server)
+            continue
         _check(env.env_type in ENV_REGISTRY,
                f"custom_envs.{tag}.env_type={env.env_type!r}: registered types are {sorted(ENV_REGISTRY)}")
-        _check(env.max_actions_per_traj >= 1, f"custom_envs.{tag}.max_actions_per_traj must be >= 1")
         try:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:
             raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e
+
+
+def _validate_server(key: str, server: EnvServerConfig) -> None:
+    _check(not (server.url and server.spawn), f"{key}: give url (a running server) or spawn=true, not both")
+    if server.url is not None:
+        url = urllib.parse.urlsplit(server.url)
+        _check(url.scheme in ("http", "https") and url.hostname,
+               f"{key}.url={server.url!r} must look like http://127.0.0.1:8000")
+    _check(server.workers >= 1, f"{key}.workers must be >= 1")
+    _check(server.timeout_s > 0 and server.retries >= 0, f"{key}: timeout_s must be > 0 and retries >= 0")
+    if server.python is not None:
+        _check(server.spawn, f"{key}.python is the spawned servers' interpreter: set {key}.spawn=true too")
+        _check(os.access(server.python, os.X_OK), f"{key}.python={server.python!r} is not an executable file")
 
 
 def _validate_curriculum(cfg: RagenConfig) -> None:
@@ -448,6 +485,8 @@ def _validate_curriculum(cfg: RagenConfig) -> None:
     _check(len(set(levels)) == len(levels), f"{key}.levels={levels}: each value may appear once")
     for tag in cfg.es_manager.train.env_configs.tags:
         spec = cfg.custom_envs[tag]
+        if spec.served:  # its server checks each level's env_config when the session starts
+            continue
         fields = typing.get_type_hints(ENV_REGISTRY[spec.env_type][1])
         _check(fields.get(curriculum.key) is int,
                f"{key}.key={curriculum.key!r} is not an int field of the {spec.env_type} config of training tag "

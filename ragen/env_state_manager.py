@@ -26,6 +26,7 @@ quietly either: when more than `es_manager.max_env_failure_share` of a rollout's
 rollout stops with `EnvFailureError`.
 """
 
+import concurrent.futures
 import math
 import threading
 from dataclasses import dataclass, field
@@ -35,7 +36,11 @@ import gymnasium as gym
 from ragen.config import CustomEnvConfig, EnvGroupsConfig, EsManagerConfig
 from ragen.curriculum import curriculum_metrics, make_curriculum
 from ragen.envs import make_env
+from ragen.envs.remote import make_remote_env
 from ragen.envs.utils import start_episode
+
+
+MAX_STEP_THREADS = 64  # environments stepped at once (step_all, reset)
 
 
 @dataclass
@@ -83,6 +88,7 @@ class EnvStateManager:
         self.env_step_timeout_s, self.max_env_failure_share = limits.env_step_timeout_s, limits.max_env_failure_share
         self.states: list[EnvState] = []
         self.curriculum = make_curriculum(config.curriculum)  # None without one
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_STEP_THREADS, thread_name_prefix="env")
         mix = config.env_configs
         tags = [tag for tag, n in zip(mix.tags, mix.groups_per_tag(config.env_groups)) for _ in range(n)]
         for group_id, tag in enumerate(tags):
@@ -104,9 +110,14 @@ class EnvStateManager:
             level = levels[state.group_id] if levels is not None else None
             if level != state.level:
                 state.env, state.level = self._make_env(state.tag, level), level
-            state.obs, _ = start_episode(state.env, state.seed, [state.seed, state.env_id % self.config.group_size])
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
             state.context_truncated, state.error = False, None
+
+        def start(state: EnvState) -> str:
+            return start_episode(state.env, state.seed, [state.seed, state.env_id % self.config.group_size])[0]
+
+        for state, obs in zip(self.states, self.executor.map(start, self.states)):  # concurrently, as step_all
+            state.obs = obs
         return self.states
 
     def end_rollout(self) -> dict[str, float]:
@@ -124,13 +135,31 @@ class EnvStateManager:
         env_config = dict(spec.env_config)
         if level is not None:
             env_config[self.config.curriculum.key] = level
+        if spec.served:
+            return make_remote_env(spec.server, spec.env_type, env_config)
         return make_env(spec.env_type, env_config)
 
     def step(self, env_id: int, actions: list[str]) -> TurnRecord:
-        """Run one turn's actions in order until the episode ends or the step budget is spent."""
+        """One env's turn: `step_all` for one."""
+        return self.step_all([(env_id, actions)])[0]
+
+    def step_all(self, turns: list[tuple[int, list[str]]]) -> list[TurnRecord]:
+        """Each env's turn, `(env_id, actions)`, run at once: the environments step concurrently, one thread
+        each, so that slow steps (an env server's round trips, a sandbox) overlap instead of adding up. Each
+        env plays only its own actions with its own random stream, and failures are dealt with afterwards in
+        env order, so the outcome is exactly that of stepping them one after another."""
+        outcomes = list(self.executor.map(lambda turn: self._play(*turn), turns))
+        for (env_id, _), (_, failure) in zip(turns, outcomes):
+            if failure is not None:
+                self._fail(self.states[env_id], *failure)
+        return [record for record, _ in outcomes]
+
+    def _play(self, env_id: int, actions: list[str]) -> tuple[TurnRecord, tuple[str, Exception] | None]:
+        """Run one turn's actions in order until the episode ends, the step budget is spent or the env fails;
+        returns the turn and the failure (the action and its exception), if any."""
         state = self.states[env_id]
         assert not state.done, f"env {env_id} is already done"
-        record = TurnRecord(actions=[], reward=0.0, valid=[], effective=[])
+        record, failure = TurnRecord(actions=[], reward=0.0, valid=[], effective=[]), None
         for action in actions:
             if state.actions_left <= 0:
                 break
@@ -143,7 +172,7 @@ class EnvStateManager:
                 valid, effective, success = (bool(info[key]) for key in
                                              ("action_is_valid", "action_is_effective", "success"))
             except Exception as e:
-                self._fail(state, action, e)
+                failure = action, e
                 break
             state.actions_taken += valid  # an invalid action changed nothing: it costs no budget
             record.actions.append(action)
@@ -157,7 +186,7 @@ class EnvStateManager:
         if state.actions_left <= 0:
             state.done = True
         state.turns.append(record)
-        return record
+        return record, failure
 
     def _fail(self, state: EnvState, action: str, error: Exception) -> None:
         """End the trajectory whose env.step raised or hung; stop the rollout if too many have."""

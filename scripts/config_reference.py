@@ -114,7 +114,7 @@ def sections(obj, path: str) -> list[tuple[str, type, list[tuple[str, str, str, 
         value_type = typing.get_args(hint)[1] if typing.get_origin(hint) is dict else None
         if dataclasses.is_dataclass(value_type):
             nested.append(lambda key=key, value_type=value_type, value=value:
-                          [(f"{key}.<name>", value_type, type_rows(value_type, f"{key}.<name>"), value)])
+                          type_sections(value_type, f"{key}.<name>", value))
             default = "{" + ", ".join(value) + "}"  # the entries' names; their values are in that section
         else:
             default = default_text(value)
@@ -122,11 +122,22 @@ def sections(obj, path: str) -> list[tuple[str, type, list[tuple[str, str, str, 
     return [(path, cls, rows, {})] + [section for make in nested for section in make()]
 
 
+def type_sections(cls: type, path: str, entries: dict) -> list[tuple[str, type, list[tuple[str, str, str, str]], dict]]:
+    """The section of a dict's value type, then one for each dataclass field of it (custom_envs.<name>.server)."""
+    hints = typing.get_type_hints(cls)
+    inner = [f for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
+    return [(path, cls, type_rows(cls, path), entries)] + [
+        (f"{path}.{f.name}", hints[f.name], type_rows(hints[f.name], f"{path}.{f.name}"), {}) for f in inner]
+
+
 def type_rows(cls: type, path: str) -> list[tuple[str, str, str, str]]:
-    """The rows of a dataclass's own fields and defaults ("(required)" where it has none)."""
+    """The rows of a dataclass's own fields and defaults ("(required)" where it has none); a dataclass field
+    has a section of its own (type_sections)."""
     hints, helps = typing.get_type_hints(cls), field_help(cls)
     rows = []
     for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            continue
         if f.default is not dataclasses.MISSING:
             default = default_text(f.default)
         elif f.default_factory is not dataclasses.MISSING:

@@ -1,0 +1,359 @@
+"""Environments on an environment server (`python -m ragen.envs.serve`), behind the in-process interface.
+
+`RemoteEnv` is a gymnasium.Env whose reset and step are HTTP calls (ragen/envs/protocol.py): the env-state
+manager, the context manager and the agent proxy use it as any other env. A tag runs remotely when its
+`custom_envs.<tag>.server` says so (ragen/config.py, EnvServerConfig):
+
+    custom_envs.SimpleSokoban.server.url=http://127.0.0.1:8000       # a server someone started
+    custom_envs.SimpleSokoban.server.spawn=true                       # servers started for this run
+    custom_envs.SimpleSokoban.server.python=/opt/envs/sokoban/bin/python custom_envs.SimpleSokoban.server.workers=4
+
+Spawned servers (`ServerPool`) are started once per process for each distinct server config, checked with
+/health and /v1/envs before the first rollout, restarted when one has died, and stopped when the run ends, on
+Ctrl-C and on a crash: they are told to die with their parent (Linux PR_SET_PDEATHSIG), so not even a
+SIGKILLed trainer leaves one behind.
+
+What can go wrong, and what happens:
+- a connection error, 429 or 503 is retried `server.retries` times (0.5 s, then doubling); a step carries its
+  index, so a retry whose first try did step the env gets the stored reply, never a second step;
+- anything else (a 4xx, the env raising on the server, a server that died and lost the session, garbage in
+  a reply) raises `RemoteEnvError`: the env-state manager ends that trajectory as an env failure
+  (`env_error`, `rollout/env_failures`, es_manager.max_env_failure_share), and the other trajectories go on;
+- a spawned server found dead is restarted before the next request; its sessions are lost with it.
+"""
+
+import atexit
+import concurrent.futures
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import gymnasium
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from ragen.envs.protocol import (API_VERSION, TOKEN_ENV_VAR, TOKEN_HEADER, CreateSession, EnvsReply, Health,
+                                 SessionCreated, StepReply, StepRequest)
+
+RETRY_STATUS = (429, 503)
+# connection errors: refused, reset, closed by the server (a kept-alive socket it had dropped), half-sent
+RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+                httpx.WriteError)
+RETRY_FIRST_WAIT_S = 0.5
+LISTENING = re.compile(r"\[ragen\.envs\.serve\] listening on (http://\S+)")
+START_TIMEOUT_S = 60.0
+
+
+class RemoteEnvError(RuntimeError):
+    """An env server could not do what was asked; the trajectory that asked ends as an env failure."""
+
+
+class ServerClient:
+    """One server's HTTP client: JSON in and out, the token, retries of what may succeed on a second try."""
+
+    def __init__(self, url: str, *, timeout_s: float, retries: int, token: str | None):
+        self.url, self.retries = url.rstrip("/"), retries
+        token = token or os.environ.get(TOKEN_ENV_VAR)
+        headers = {TOKEN_HEADER: f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
+
+    def call(self, method: str, path: str, body: BaseModel | None = None, reply: type[BaseModel] | None = None):
+        payload = None if body is None else body.model_dump()
+        wait = RETRY_FIRST_WAIT_S
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.http.request(method, path, json=payload)
+            except RETRY_ERRORS as e:  # refused or dropped: the server was not there, or went away
+                problem = f"{type(e).__name__}: {e}"
+            except httpx.TransportError as e:  # a timeout: a hung env is not retried (it would hang again)
+                raise RemoteEnvError(f"{method} {self.url}{path}: {type(e).__name__} after "
+                                     f"{self.http.timeout.read} s: {e}") from None
+            else:
+                if response.status_code not in RETRY_STATUS:
+                    return self._read(response, method, path, reply)
+                problem = f"HTTP {response.status_code}: {_detail(response)}"
+            if attempt < self.retries:
+                time.sleep(wait)
+                wait *= 2
+        raise RemoteEnvError(f"{method} {self.url}{path} failed {self.retries + 1} time(s), the last: {problem}")
+
+    def _read(self, response: httpx.Response, method: str, path: str, reply: type[BaseModel] | None):
+        if response.status_code >= 400:
+            raise RemoteEnvError(f"{method} {self.url}{path}: HTTP {response.status_code}: {_detail(response)}")
+        if reply is None:
+            return None
+        try:
+            return reply.model_validate_json(response.content)
+        except ValidationError as e:
+            raise RemoteEnvError(f"{method} {self.url}{path} answered what is not a {reply.__name__}: "
+                                 f"{_first_error(e)}") from None
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["detail"])[:500]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200] or "(empty body)"
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    return f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}"
+
+
+class Connection:
+    """A running server someone else started: its client, and nothing to restart."""
+
+    def __init__(self, client: ServerClient):
+        self._client = client
+
+    def client(self) -> ServerClient:
+        return self._client
+
+    def revive(self) -> None:
+        pass
+
+
+class RemoteEnv(gymnasium.Env):
+    """An env of type `env_type` with `env_config`, on a server. One session per episode: reset opens one
+    (and closes the last), step advances it, close ends it."""
+
+    starts_remotely = True  # ragen.envs.utils.start_episode hands it the seed and the random stream
+
+    def __init__(self, connection: "Connection | PoolSlot", env_type: str, env_config: dict[str, Any]):
+        self.connection, self.env_type, self.env_config = connection, env_type, dict(env_config)
+        self.client = connection.client()
+        self.session_id: str | None = None
+        self.step_index = 0
+        self.instructions, self.example_actions = describe(self.client, env_type, self.env_config)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        if seed is None:
+            raise ValueError("a remote env starts from a seed: reset(seed=...)")
+        self.close()
+        self.connection.revive()  # a spawned server found dead is restarted; the episode goes to the new one
+        self.client = self.connection.client()
+        request = CreateSession(env=self.env_type, env_config=self.env_config, seed=seed,
+                                stream=(options or {}).get("stream"))
+        created = self._call("POST", f"/{API_VERSION}/sessions", request, SessionCreated)
+        self.session_id, self.step_index = created.session_id, 0
+        return created.observation, created.info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self.session_id is None:
+            raise RemoteEnvError("step before reset: the env has no session")
+        reply = self._call("POST", f"/{API_VERSION}/sessions/{self.session_id}/step",
+                           StepRequest(action=action, step_index=self.step_index), StepReply)
+        self.step_index += 1
+        return reply.observation, reply.reward, reply.terminated, reply.truncated, reply.info
+
+    def close(self) -> None:
+        """End the session (best effort: a server that is gone has ended it, and reaps idle ones anyway)."""
+        session, self.session_id = self.session_id, None
+        if session is not None:
+            try:
+                self.client.http.delete(f"/{API_VERSION}/sessions/{session}")
+            except httpx.HTTPError:
+                pass
+
+    def _call(self, method: str, path: str, body: BaseModel, reply: type[BaseModel]):
+        try:
+            return self.client.call(method, path, body, reply)
+        except RemoteEnvError:
+            self.connection.revive()  # so that a dead spawned server is back for the next episode
+            raise
+
+
+_DESCRIPTIONS: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
+_DESCRIPTIONS_LOCK = threading.Lock()
+
+
+def describe(client: ServerClient, env_type: str, env_config: dict) -> tuple[str, tuple[str, ...]]:
+    """(instructions, example actions) of an env type and config on a server: what the context manager needs
+    before any episode. Asked once per server, type and config (one session, opened and closed)."""
+    key = (client.url, env_type, json.dumps(env_config, sort_keys=True))
+    with _DESCRIPTIONS_LOCK:
+        if key not in _DESCRIPTIONS:
+            created = client.call("POST", f"/{API_VERSION}/sessions",
+                                  CreateSession(env=env_type, env_config=env_config, seed=0), SessionCreated)
+            client.http.delete(f"/{API_VERSION}/sessions/{created.session_id}")
+            _DESCRIPTIONS[key] = created.instructions, tuple(created.example_actions)
+        return _DESCRIPTIONS[key]
+
+
+def check_server(client: ServerClient, env_type: str) -> None:
+    """Before the first rollout: the server answers /health and serves `env_type`, else one clear error."""
+    try:
+        client.call("GET", "/health", reply=Health)
+        served = [env.env for env in client.call("GET", f"/{API_VERSION}/envs", reply=EnvsReply).envs]
+    except RemoteEnvError as e:
+        raise RemoteEnvError(f"the env server at {client.url} is not usable: {e}") from None
+    if env_type not in served:
+        raise RemoteEnvError(f"the env server at {client.url} does not serve env_type {env_type!r} (it serves "
+                             f"{served}): start it with `python -m ragen.envs.serve {env_type}`")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that spawned it dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: atexit and the run's cleanup still stop it
+        pass
+
+
+# Servers are started from this one thread, which lives as long as the process: the kernel's parent-death
+# signal follows the thread that spawned a child, so a short-lived thread would take its server with it.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-server-spawner")
+
+
+class SpawnedServer:
+    """One `python -m ragen.envs.serve` child on a free local port."""
+
+    def __init__(self, python: str, env_type: str):
+        self.python, self.env_type = python, env_type
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+        self.start()
+
+    def start(self) -> None:
+        command = [self.python, "-m", "ragen.envs.serve", self.env_type, "--host", "127.0.0.1", "--port", "0"]
+        self.process = _SPAWNER.submit(subprocess.Popen, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, preexec_fn=_die_with_parent, env=_child_env()).result()
+        deadline, seen = time.monotonic() + START_TIMEOUT_S, []
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:  # exited before listening
+                break
+            seen.append(line.rstrip())
+            if match := LISTENING.search(line):
+                self.url = match.group(1)
+                threading.Thread(target=self._drain, daemon=True).start()
+                return
+        self.stop()
+        raise RemoteEnvError(f"the env server `{' '.join(command)}` did not start within {START_TIMEOUT_S:.0f} s; "
+                             "it printed:\n" + "\n".join(seen[-20:]))
+
+    def _drain(self) -> None:
+        """Keep reading the server's output (its log), so that a full pipe never blocks it."""
+        for line in self.process.stdout:
+            if "Traceback" in line or "ERROR" in line:
+                print(f"[env server {self.url}] {line.rstrip()}", file=sys.stderr, flush=True)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _child_env() -> dict[str, str]:
+    """The server runs RAGEN's code from this checkout, whatever its interpreter has installed."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+class ServerPool:
+    """`workers` spawned servers for one env type and interpreter, shared by every env that names them."""
+
+
+    def __init__(self, python: str, env_type: str, workers: int, *, timeout_s: float, retries: int,
+                 token: str | None):
+        self.lock = threading.Lock()
+        self.options = {"timeout_s": timeout_s, "retries": retries, "token": token}
+        self.servers = [SpawnedServer(python, env_type) for _ in range(workers)]
+        self.clients = [ServerClient(server.url, **self.options) for server in self.servers]
+        for client in self.clients:
+            check_server(client, env_type)
+        self.next = 0
+
+    def assign(self) -> int:
+        """The server for a new env: round robin."""
+        with self.lock:
+            index, self.next = self.next, (self.next + 1) % len(self.servers)
+            return index
+
+    def revive(self, index: int) -> None:
+        """Restart server `index` if it has died (its sessions are lost; the envs that had one fail once)."""
+        with self.lock:
+            server = self.servers[index]
+            if server.alive():
+                return
+            print(f"[ragen] the env server {server.url} ({server.env_type}) died (exit {server.process.returncode}): "
+                  "restarting it", flush=True)
+            server.start()
+            self.clients[index].close()
+            self.clients[index] = ServerClient(server.url, **self.options)
+
+    def stop(self) -> None:
+        for server, client in zip(self.servers, self.clients):
+            client.close()
+            server.stop()
+
+
+class PoolSlot:
+    """A place on a pool's servers (round robin): its server's current client, restarted when dead."""
+
+    def __init__(self, pool: ServerPool):
+        self.pool, self.index = pool, pool.assign()
+
+    def client(self) -> ServerClient:
+        return self.pool.clients[self.index]
+
+    def revive(self) -> None:
+        self.pool.revive(self.index)
+
+
+_POOLS: dict[tuple, ServerPool] = {}
+_POOLS_LOCK = threading.Lock()
+_CLIENTS: dict[tuple, ServerClient] = {}
+
+
+def make_remote_env(server, env_type: str, env_config: dict[str, Any]) -> RemoteEnv:
+    """A RemoteEnv on the server(s) an EnvServerConfig names: a running one (`url`) or spawned ones."""
+    options = {"timeout_s": server.timeout_s, "retries": server.retries, "token": server.token}
+    if not server.spawn:
+        key = (server.url, *options.values())
+        with _POOLS_LOCK:
+            if key not in _CLIENTS:
+                _CLIENTS[key] = client = ServerClient(server.url, **options)
+                check_server(client, env_type)
+        return RemoteEnv(Connection(_CLIENTS[key]), env_type, env_config)
+    python = server.python or sys.executable
+    key = (python, env_type, server.workers, *options.values())
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = ServerPool(python, env_type, server.workers, **options)
+    return RemoteEnv(PoolSlot(_POOLS[key]), env_type, env_config)
+
+
+def stop_servers() -> None:
+    """Stop every spawned server and close every client (the end of a run; also at exit)."""
+    with _POOLS_LOCK:
+        for pool in _POOLS.values():
+            pool.stop()
+        for client in _CLIENTS.values():
+            client.close()
+        _POOLS.clear()
+        _CLIENTS.clear()
+        _DESCRIPTIONS.clear()
+
+
+atexit.register(stop_servers)

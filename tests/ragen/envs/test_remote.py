@@ -1,0 +1,189 @@
+"""Environments on env servers behind the in-process interface (ragen/envs/remote.py), through the env-state
+manager: the same trajectories as in-process, concurrent stepping, faults that end only their own trajectories,
+and spawned servers that never outlive the run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from ragen.config import CustomEnvConfig, EnvGroupsConfig, EnvServerConfig, EsManagerConfig
+from ragen.env_state_manager import EnvStateManager
+from ragen.envs import remote
+
+FROZEN_LAKE = {"size": 4, "is_slippery": True}
+
+
+@pytest.fixture(autouse=True)
+def stop_servers():
+    yield
+    remote.stop_servers()
+
+
+def manager(tags: dict[str, CustomEnvConfig], groups: int = 3, group_size: int = 2, **limits) -> EnvStateManager:
+    config = EnvGroupsConfig(env_groups=groups, group_size=group_size)
+    config.env_configs.tags, config.env_configs.n_groups = list(tags), []
+    return EnvStateManager(config, tags, seed=1234, limits=EsManagerConfig(**limits))
+
+
+def play(envs: EnvStateManager, turns: int = 4) -> list[tuple]:
+    """Every env's observations, rewards and flags over a few turns of fixed actions."""
+    moves = ["Up", "Left", "Down", "Right"]
+    seen = [(s.tag, s.seed, s.obs) for s in envs.reset(0)]
+    for turn in range(turns):
+        active = [s for s in envs.states if not s.done]
+        records = envs.step_all([(s.env_id, [moves[(turn + s.env_id) % 4], moves[turn % 4]]) for s in active])
+        seen += [(s.env_id, s.obs, r.reward, r.valid, r.effective, s.done, s.success, s.error)
+                 for s, r in zip(active, records)]
+    return seen
+
+
+def spawned(env_type: str, env_config: dict, **server) -> CustomEnvConfig:
+    return CustomEnvConfig(env_type=env_type, max_actions_per_traj=8, env_config=env_config,
+                           server=EnvServerConfig(spawn=True, **server))
+
+
+def test_served_envs_play_exactly_as_in_process():
+    """Sokoban and slippery FrozenLake (its slips come from each env's own random stream, which the server must
+    set as the manager does), two servers: the same observations, rewards and outcomes."""
+    local = {"SimpleSokoban": CustomEnvConfig(env_type="sokoban", max_actions_per_traj=8,
+                                              env_config={"dim_x": 6, "dim_y": 6, "num_boxes": 1}),
+             "FrozenLake": CustomEnvConfig(env_type="frozen_lake", max_actions_per_traj=8, env_config=FROZEN_LAKE)}
+    served = {"SimpleSokoban": spawned("sokoban", {"dim_x": 6, "dim_y": 6, "num_boxes": 1}, workers=2),
+              "FrozenLake": spawned("frozen_lake", FROZEN_LAKE)}
+    in_process, over_http = manager(local, groups=4), manager(served, groups=4)
+    assert type(over_http.states[0].env) is remote.RemoteEnv
+    assert over_http.env_per_tag()["FrozenLake"].instructions == in_process.env_per_tag()["FrozenLake"].instructions
+    assert play(over_http) == play(in_process)
+    assert play(over_http) == play(in_process)  # a second rollout opens new sessions on the same servers
+
+
+def test_envs_step_concurrently_with_the_outcome_of_stepping_one_after_another(monkeypatch):
+    from ragen.envs import ENV_REGISTRY, SokobanEnv
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    class SlowSokoban(SokobanEnv):
+        def step(self, action):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+            return super().step(action)
+
+    monkeypatch.setitem(ENV_REGISTRY, "slow_sokoban", (SlowSokoban, ENV_REGISTRY["sokoban"][1]))
+    slow = manager({"S": CustomEnvConfig(env_type="slow_sokoban", max_actions_per_traj=8)}, groups=4)
+    plain = manager({"S": CustomEnvConfig(env_type="sokoban", max_actions_per_traj=8)}, groups=4)
+    assert play(slow) == play(plain)
+    assert most[0] > 1  # several envs were inside step() at once
+
+
+def server_pids() -> list[int]:
+    return [server.process.pid for pool in remote._POOLS.values() for server in pool.servers]
+
+
+def test_a_killed_server_ends_only_its_trajectories_and_is_restarted():
+    envs = manager({"SimpleSokoban": spawned("sokoban", {}, workers=2, retries=1)}, groups=4, group_size=1,
+                   max_env_failure_share=1.0)
+    envs.reset(0)
+    pool = next(iter(remote._POOLS.values()))
+    victim = pool.servers[0]
+    on_victim = [s for s in envs.states if s.env.connection.index == 0]  # a failed env is replaced: ask now
+    others = [s for s in envs.states if s.env.connection.index == 1]
+    os.kill(victim.process.pid, signal.SIGKILL)
+    victim.process.wait()
+    envs.step_all([(s.env_id, ["Up"]) for s in envs.states])
+    assert on_victim and others
+    assert all(s.error and "RemoteEnvError" in s.error and s.done for s in on_victim)
+    assert all(s.error is None and len(s.turns) == 1 for s in others)
+    assert victim.alive()  # restarted, and the next rollout plays on it
+    envs.reset(1)
+    envs.step_all([(s.env_id, ["Up"]) for s in envs.states])
+    assert all(s.error is None for s in envs.states)
+
+
+def test_a_hung_step_times_out_and_ends_only_its_trajectory(monkeypatch):
+    """A server whose env hangs on one action: that trajectory fails after server.timeout_s (no retry: it
+    would hang again), the others go on."""
+    from ragen.envs import ENV_REGISTRY, SokobanEnv
+    from ragen.envs.serve import make_app
+    import uvicorn
+
+    class HangingSokoban(SokobanEnv):
+        def step(self, action):
+            if action == "Hang":
+                time.sleep(5)
+            return super().step(action)
+
+    monkeypatch.setitem(ENV_REGISTRY, "hanging", (HangingSokoban, ENV_REGISTRY["sokoban"][1]))
+    server = uvicorn.Server(uvicorn.Config(make_app(["hanging"]), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    tag = CustomEnvConfig(env_type="hanging", max_actions_per_traj=8,
+                          server=EnvServerConfig(url=f"http://127.0.0.1:{port}", timeout_s=1.0, retries=2))
+    envs = manager({"H": tag}, groups=3, group_size=1, max_env_failure_share=1.0)
+    envs.reset(0)
+    start = time.monotonic()
+    envs.step_all([(0, ["Hang"]), (1, ["Up"]), (2, ["Left"])])
+    assert time.monotonic() - start < 4  # one timeout, not three
+    assert "ReadTimeout" in envs.states[0].error and envs.states[0].done
+    assert envs.states[1].error is None and envs.states[2].error is None
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_spawned_servers_die_with_the_run_even_when_it_is_killed(tmp_path):
+    """SIGKILL leaves no atexit to run: the servers go because the kernel tells them (PR_SET_PDEATHSIG)."""
+    script = textwrap.dedent("""
+        import json, sys, time
+        from ragen.config import EnvServerConfig
+        from ragen.envs import remote
+        env = remote.make_remote_env(EnvServerConfig(spawn=True, workers=2), "sokoban", {})
+        print(json.dumps([s.process.pid for pool in remote._POOLS.values() for s in pool.servers]), flush=True)
+        if sys.argv[1] == "exit":
+            raise SystemExit(0)
+        time.sleep(600)
+    """)
+    for how in ("exit", "kill"):
+        run = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True)
+        pids = json.loads(run.stdout.readline())
+        if how == "kill":
+            run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+        deadline = time.monotonic() + 15
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in pids), how
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by init) counts as gone
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_server_that_does_not_serve_the_env_type_is_a_clear_error():
+    tag = spawned("sokoban", {})
+    manager({"S": tag}, groups=1, group_size=1)
+    url = next(iter(remote._POOLS.values())).servers[0].url
+    with pytest.raises(remote.RemoteEnvError, match="does not serve env_type 'frozen_lake'"):
+        manager({"F": CustomEnvConfig(env_type="frozen_lake", server=EnvServerConfig(url=url))}, groups=1,
+                group_size=1)
+    with pytest.raises(remote.RemoteEnvError, match="not usable"):
+        manager({"F": CustomEnvConfig(env_type="sokoban", server=EnvServerConfig(url="http://127.0.0.1:9",
+                                                                                 retries=0))}, groups=1, group_size=1)
