@@ -24,6 +24,7 @@ from ragen.trajectory_browser import write_index, write_step
 from ragen.config import ConfigError, EnvGroupsConfig, RagenConfig, validate
 from ragen.context_manager import ANSWER_CLOSE, ContextManager
 from ragen.env_state_manager import EnvStateManager
+from ragen.envs.remote import RemoteEnvError, stop_servers
 from ragen.overrides import rewrite_argv
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup, WorkerDiedError
 from verl.single_controller.worker_group import gpu_placement_group, node_placement_group
@@ -250,6 +251,10 @@ def main(cfg) -> None:
         sys.exit(f"stopped: {e}. " + (f"The last checkpoint is {last}: run the same command with "
                                       "trainer.resume_mode=auto (the default) to resume from it"
                                       if last else "No checkpoint was written yet"))
+    except RemoteEnvError as e:  # an env server that cannot be started or used, found before the first rollout
+        sys.exit(f"env server: {e}")
+    finally:  # spawned env servers; at exit and, should this process be killed, by the kernel too
+        stop_servers()
     print(summary(config, started, plots), flush=True)
 
 

@@ -44,8 +44,11 @@ class SessionCreated(Message):
     session_id: str
     observation: str
     info: dict[str, Any]
-    instructions: str  # what the context manager needs of an env: its instructions and example actions
+    # what the context manager needs of an env: its instructions, example actions and the moves its state
+    # messages list (`action_choices`, "" when it lists none)
+    instructions: str
     example_actions: list[str]
+    action_choices: str = ""
 
 
 class StepRequest(Message):

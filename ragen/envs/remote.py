@@ -135,7 +135,8 @@ class RemoteEnv(gymnasium.Env):
         self.client = connection.client()
         self.session_id: str | None = None
         self.step_index = 0
-        self.instructions, self.example_actions = describe(self.client, env_type, self.env_config)
+        self.instructions, self.example_actions, self.action_choices = describe(self.client, env_type,
+                                                                                self.env_config)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         if seed is None:
@@ -174,20 +175,20 @@ class RemoteEnv(gymnasium.Env):
             raise
 
 
-_DESCRIPTIONS: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {}
+_DESCRIPTIONS: dict[tuple[str, str, str], tuple[str, tuple[str, ...], str]] = {}
 _DESCRIPTIONS_LOCK = threading.Lock()
 
 
-def describe(client: ServerClient, env_type: str, env_config: dict) -> tuple[str, tuple[str, ...]]:
-    """(instructions, example actions) of an env type and config on a server: what the context manager needs
-    before any episode. Asked once per server, type and config (one session, opened and closed)."""
+def describe(client: ServerClient, env_type: str, env_config: dict) -> tuple[str, tuple[str, ...], str]:
+    """(instructions, example actions, action choices) of an env type and config on a server: what the context
+    manager needs before any episode. Asked once per server, type and config (one session, opened and closed)."""
     key = (client.url, env_type, json.dumps(env_config, sort_keys=True))
     with _DESCRIPTIONS_LOCK:
         if key not in _DESCRIPTIONS:
             created = client.call("POST", f"/{API_VERSION}/sessions",
                                   CreateSession(env=env_type, env_config=env_config, seed=0), SessionCreated)
             client.http.delete(f"/{API_VERSION}/sessions/{created.session_id}")
-            _DESCRIPTIONS[key] = created.instructions, tuple(created.example_actions)
+            _DESCRIPTIONS[key] = created.instructions, tuple(created.example_actions), created.action_choices
         return _DESCRIPTIONS[key]
 
 

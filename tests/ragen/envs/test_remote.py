@@ -44,8 +44,8 @@ def play(envs: EnvStateManager, turns: int = 4) -> list[tuple]:
     return seen
 
 
-def spawned(env_type: str, env_config: dict, **server) -> CustomEnvConfig:
-    return CustomEnvConfig(env_type=env_type, max_actions_per_traj=8, env_config=env_config,
+def spawned(env_type: str, env_config: dict, max_actions: int = 8, **server) -> CustomEnvConfig:
+    return CustomEnvConfig(env_type=env_type, max_actions_per_traj=max_actions, env_config=env_config,
                            server=EnvServerConfig(spawn=True, **server))
 
 
@@ -187,3 +187,83 @@ def test_a_server_that_does_not_serve_the_env_type_is_a_clear_error():
     with pytest.raises(remote.RemoteEnvError, match="not usable"):
         manager({"F": CustomEnvConfig(env_type="sokoban", server=EnvServerConfig(url="http://127.0.0.1:9",
                                                                                  retries=0))}, groups=1, group_size=1)
+
+
+def test_a_rollout_over_servers_is_the_rollout_in_process(tokenizer):
+    """The agent proxy's whole rollout (records, token batch, metrics) with the envs served equals it in-process:
+    greedy replies in place of a policy, Sokoban and slippery FrozenLake in one batch."""
+    import torch
+
+    from ragen.agent_proxy import AgentProxy
+    from ragen.config import AgentProxyConfig
+    from ragen.context_manager import ContextManager
+    from tests.ragen.test_agent_proxy import ScriptedPolicy
+    from verl.workers.rollout import SamplingParams
+
+    def rollout(tags):
+        config = AgentProxyConfig(max_turn=3, max_actions_per_turn=2)
+        envs = manager(tags, groups=4, group_size=2)
+        context = ContextManager.for_envs(tokenizer, config, envs.env_per_tag(), [tokenizer.eos_token_id],
+                                          max_model_len=1 << 30)
+        policy = ScriptedPolicy(tokenizer, "hmm</think><answer>Right || Down</answer>")
+        return AgentProxy(config, SamplingParams(max_new_tokens=64), -0.1, 0, policy, envs, context).rollout(step=2)
+
+    local = {"S": CustomEnvConfig(env_type="sokoban", max_actions_per_traj=6),
+             "F": CustomEnvConfig(env_type="frozen_lake", max_actions_per_traj=6, env_config=FROZEN_LAKE)}
+    served = {"S": spawned("sokoban", {}, max_actions=6), "F": spawned("frozen_lake", FROZEN_LAKE, max_actions=6)}
+    in_process, over_http = rollout(local), rollout(served)
+    assert over_http.records == in_process.records
+    assert any(turn["action_effective"] for record in in_process.records for turn in record["turns"])
+    assert over_http.metrics == in_process.metrics
+    for key, value in in_process.batch.batch.items():
+        assert torch.equal(over_http.batch.batch[key], value), key
+
+
+def test_a_server_answering_garbage_ends_only_that_trajectory(monkeypatch):
+    """A proxy in front of a real server that garbles every step reply of one session: that trajectory fails
+    with a message saying what was wrong, the others play on."""
+    import http.server
+
+    import httpx
+
+    envs_served = manager({"S": spawned("sokoban", {})}, groups=1, group_size=1)  # starts a real server
+    upstream = next(iter(remote._POOLS.values())).servers[0].url
+    garbled = set()
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answer = httpx.post(upstream + self.path, content=body, headers={"Content-Type": "application/json"})
+            content = answer.content
+            if self.path.endswith("/step") and self.path.split("/")[3] in garbled:
+                content = b'{"observation": 3, "reward": "lots"'
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        do_GET = do_DELETE = lambda self: self._forward()
+
+        def _forward(self):
+            answer = httpx.request(self.command, upstream + self.path)
+            self.send_response(answer.status_code)
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    tag = CustomEnvConfig(env_type="sokoban", server=EnvServerConfig(url=f"http://127.0.0.1:{proxy.server_port}"))
+    envs = manager({"S": tag}, groups=3, group_size=1, max_env_failure_share=1.0)
+    envs.reset(0)
+    garbled.add(envs.states[1].env.session_id)
+    envs.step_all([(s.env_id, ["Up", "Left"]) for s in envs.states])
+    assert "is not a StepReply" in envs.states[1].error and envs.states[1].done
+    assert envs.states[0].error is None and envs.states[2].error is None
+    assert len(envs.states[0].turns[0].actions) == 2
+    proxy.shutdown()
+    del envs_served
