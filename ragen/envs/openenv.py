@@ -28,13 +28,11 @@ harmless, batch calls and idle timeouts. A custom_envs tag is not resolved: give
 
 import argparse
 import json
-import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import uvicorn
 from fastapi import FastAPI
 from pydantic import Field
 
@@ -47,6 +45,7 @@ except ImportError as error:  # only this module needs it: `pip install -e ".[te
                       f"({error})") from error
 
 from ragen.envs import ENV_REGISTRY, build_env_config, make_env
+from ragen.envs.serve import listen_and_serve
 from ragen.envs.utils import start_episode
 
 # One session is one WebSocket connection with its own env; a training batch holds a few hundred episodes.
@@ -158,16 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:  # json.JSONDecodeError is one too
         raise SystemExit(f"ragen.envs.openenv: bad --env-config: {error}") from None
 
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    try:
-        # Bound here rather than by uvicorn so that the port (--port 0) is known and printed once listening.
-        listener = socket.create_server((args.host, args.port), family=family)
-    except OSError as error:
-        raise SystemExit(f"ragen.envs.openenv: cannot listen on {args.host}:{args.port}: {error}") from None
-    host, port = listener.getsockname()[:2]
-    url_host = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"[ragen.envs.openenv] listening on http://{url_host}:{port}", flush=True)
-    uvicorn.Server(uvicorn.Config(app, access_log=False, log_level="warning")).run(sockets=[listener])
+    listen_and_serve(app, args.host, args.port, "ragen.envs.openenv", log_level="warning")
 
 
 if __name__ == "__main__":

@@ -203,7 +203,8 @@ class Sessions:
             observation, info = start_episode(env, request.seed, request.stream)
             created = SessionCreated(session_id=session.id, observation=text_observation(observation),
                                      info=to_json(info, "info"), instructions=env.instructions,
-                                     example_actions=list(env.example_actions))
+                                     example_actions=list(env.example_actions),
+                                     action_choices=getattr(env, "action_choices", ""))
         return session, created
 
     def step(self, session_id: str, request: StepRequest) -> StepReply:
@@ -487,19 +488,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = make_app(env_types, token=token, max_sessions=args.max_sessions, max_body_bytes=args.max_body_bytes,
                    idle_timeout_s=args.idle_timeout_s, episode_timeout_s=args.episode_timeout_s)
 
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    listen_and_serve(app, args.host, args.port, "ragen.envs.serve", log_level="info")
+
+
+def listen_and_serve(app, host: str, port: int, name: str, log_level: str) -> None:
+    """Bind `host:port` (0: a free port), print `[<name>] listening on http://HOST:PORT` (a parent that spawned
+    the server reads its port there), and serve `app` with uvicorn until SIGINT/SIGTERM."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         # Bound here rather than by uvicorn so that the port (--port 0) is known and printed once listening;
         # connections made before the app has started wait in the socket's backlog.
-        listener = socket.create_server((args.host, args.port), family=family)
+        listener = socket.create_server((host, port), family=family)
     except OSError as error:
-        raise SystemExit(f"ragen.envs.serve: cannot listen on {args.host}:{args.port}: {error}") from None
-    host, port = listener.getsockname()[:2]
-    url_host = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"[ragen.envs.serve] listening on http://{url_host}:{port}", flush=True)
+        raise SystemExit(f"{name}: cannot listen on {host}:{port}: {error}") from None
+    # Replies go out at once: with Nagle's algorithm a reply written in two pieces waits for the client's
+    # delayed ACK, 40 ms a request on Linux (measured: 45 ms a step, 1.5 ms with this); accepted sockets inherit it.
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    bound_host, bound_port = listener.getsockname()[:2]
+    url_host = f"[{bound_host}]" if family == socket.AF_INET6 else bound_host
+    print(f"[{name}] listening on http://{url_host}:{bound_port}", flush=True)
     # uvicorn closes the sessions through the app's lifespan on SIGINT/SIGTERM; the access log is off because a
     # training run makes thousands of steps.
-    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level="info"))
+    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level=log_level))
     try:
         server.run(sockets=[listener])
     except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has shut down cleanly
