@@ -16,12 +16,14 @@ from ragen.envs.bandit import BanditConfig, BanditEnv
 from ragen.envs.checker import EnvContractError, check_env
 from ragen.envs.countdown import CountdownConfig, CountdownEnv
 from ragen.envs.frozen_lake import FrozenLakeConfig, FrozenLakeEnv
+from ragen.envs.gym_sokoban import GymSokobanConfig, GymSokobanEnv  # imports gym_sokoban only when built
 from ragen.envs.sokoban import SokobanConfig, SokobanEnv
 
 ENV_REGISTRY: dict[str, tuple[type[gymnasium.Env], type]] = {
     "bandit": (BanditEnv, BanditConfig),
     "countdown": (CountdownEnv, CountdownConfig),
     "frozen_lake": (FrozenLakeEnv, FrozenLakeConfig),
+    "gym_sokoban": (GymSokobanEnv, GymSokobanConfig),
     "sokoban": (SokobanEnv, SokobanConfig),
 }
 
@@ -72,6 +74,8 @@ __all__ = [
     "EnvContractError",
     "FrozenLakeConfig",
     "FrozenLakeEnv",
+    "GymSokobanConfig",
+    "GymSokobanEnv",
     "build_env_config",
     "check_env",
     "check_env_config",
