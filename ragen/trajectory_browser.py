@@ -48,6 +48,7 @@ from verl.utils.tracking import read_jsonl, to_json
 GRID_TILES: dict[str, Callable[[dict], dict[str, np.ndarray]]] = {
     "sokoban": lambda env_config: make_env("sokoban", env_config).tiles,  # depend on the configured symbols
     "frozen_lake": lambda env_config: frozen_lake.TILES,
+    "gym_sokoban": lambda env_config: make_env("sokoban").tiles,  # the reference's text uses RAGEN's default symbols
 }
 IMAGE_SCALE = 2  # pictures are shown at this multiple of their TILE-pixel size
 PAGE_NAME = "trajectory_data_{}.html"

@@ -165,8 +165,8 @@ def progress(iterable, **kwargs):
 
 def quiet_libraries() -> None:
     """Silence what libraries print that says nothing about the run (`trainer.verbose=false`): transformers'
-    "Loading weights" and "Writing model shards" bars at every load and save, Hugging Face download bars, and
-    Ray's token-authentication notice. Each process does its own: the driver and every worker (a Ray actor
+    "Loading weights" and "Writing model shards" bars at every load and save, Hugging Face download bars,
+    Ray's token-authentication notice, and httpx's line per env-server request. Each process does its own: the driver and every worker (a Ray actor
     does not inherit the driver's settings). Other warnings, and errors, still show."""
     import logging
 
@@ -176,3 +176,4 @@ def quiet_libraries() -> None:
     disable_progress_bars()
     transformers_logging.disable_progress_bar()
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per env-server request (ragen/envs/remote.py)
