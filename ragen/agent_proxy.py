@@ -55,14 +55,18 @@ class AgentProxy:
             prompt_ids = [self.context.prompt_ids(trajectories[s.env_id]) for s in active]
             prompts = DataProto(non_tensor_batch={"prompt_ids": prompt_ids}, meta_info={"sampling": sampling})
             generated = self.actor_rollout_wg.generate_sequences(prompts).non_tensor_batch
+            if len(generated["response_ids"]) != len(active):  # never train on a silently smaller batch
+                raise RuntimeError(f"the rollout engine answered {len(generated['response_ids'])} of "
+                                   f"{len(active)} prompts")
             answered = [state.obs for state in active]  # the states the replies answer
             replies = [self.context.add_response(trajectories[state.env_id], list(response_ids), list(log_probs))
                        for state, response_ids, log_probs in zip(active, generated["response_ids"],
-                                                                 generated["response_log_probs"])]
+                                                                 generated["response_log_probs"], strict=True)]
             parsed_replies = [self.context.parse(reply) for reply in replies]
             turn_records = self.env_manager.step_all([(state.env_id, parsed.actions)  # all envs at once
                                                       for state, parsed in zip(active, parsed_replies)])
-            for state, shown, reply, parsed, record in zip(active, answered, replies, parsed_replies, turn_records):
+            for state, shown, reply, parsed, record in zip(active, answered, replies, parsed_replies, turn_records,
+                                                           strict=True):
                 trajectory = trajectories[state.env_id]
                 penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
                 reward = record.reward + (self.format_penalty if penalised else 0.0)

@@ -83,7 +83,7 @@ class EnvServerConfig:
     workers: int = 1  # spawned servers; the tag's environments are spread over them
     timeout_s: float = 30.0  # one request's limit (connect, send, answer)
     retries: int = 3  # attempts after a connection error, 429 or 503 (others are never retried), 0.5 s apart, doubling
-    token: str | None = None  # sent as Authorization: Bearer; null: $RAGEN_ENV_SERVER_TOKEN, if set
+    # a server's token comes from $RAGEN_ENV_SERVER_TOKEN only: a config value is saved with every checkpoint
 
 
 @dataclass

@@ -18,10 +18,11 @@ An invalid action (an answer the environment does not understand: `info["action_
 nothing, by the environment contract, and is not charged to the budget; it is recorded, and the agent
 proxy adds `es_manager.format_penalty` to the turn (RAGEN's rule), so that nonsense never beats play.
 
-An environment whose `step()` raises, returns a non-finite reward, or runs longer than
-`es_manager.env_step_timeout_s` ends only its own trajectory: the state keeps the error (`EnvState.error`),
-counts as unsuccessful, and gets a fresh env instance for the next rollout; the trainer leaves its whole
-group out of the update (a group baseline over the survivors would be biased). One broken seed should not cost a long run, but a broken environment should not train on
+An environment whose `reset()` or `step()` raises, returns a non-finite reward, or runs longer than
+`es_manager.env_step_timeout_s` (an env server: longer than its `server.timeout_s`) ends only its own
+trajectory: the state keeps the error (`EnvState.error`), counts as unsuccessful, and gets a fresh env instance
+for the next rollout; the trainer leaves its whole group out of the update (a group baseline over the survivors
+would be biased). One broken seed should not cost a long run, but a broken environment should not train on
 quietly either: when more than `es_manager.max_env_failure_share` of a rollout's trajectories have failed, the
 rollout stops with `EnvFailureError`.
 """
@@ -40,7 +41,9 @@ from ragen.envs.remote import make_remote_env
 from ragen.envs.utils import start_episode
 
 
-MAX_STEP_THREADS = 64  # environments stepped at once (step_all, reset)
+# environments stepped at once (step_all, reset): enough for RAGEN's 8 x 16 batch in two waves; threads mostly
+# wait (on a server's reply, a sandbox), so more of them than cores is the point
+MAX_STEP_THREADS = 64
 
 
 @dataclass
@@ -107,17 +110,24 @@ class EnvStateManager:
         levels = self.curriculum.levels(step, group_seeds) if self.curriculum is not None else None
         for state in self.states:
             state.seed = group_seeds[state.group_id]
-            level = levels[state.group_id] if levels is not None else None
-            if level != state.level:
-                state.env, state.level = self._make_env(state.tag, level), level
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
             state.context_truncated, state.error = False, None
 
-        def start(state: EnvState) -> str:
-            return start_episode(state.env, state.seed, [state.seed, state.env_id % self.config.group_size])[0]
+        def start(state: EnvState) -> tuple[str, Exception | None]:
+            try:
+                level = levels[state.group_id] if levels is not None else None
+                if level != state.level:
+                    self._swap_env(state, self._make_env(state.tag, level), level)
+                stream = [state.seed, state.env_id % self.config.group_size]
+                return start_episode(state.env, state.seed, stream)[0], None
+            except Exception as e:  # an env (or its server) that fails to start ends only its own trajectory
+                return "", e
 
-        for state, obs in zip(self.states, self.executor.map(start, self.states)):  # concurrently, as step_all
+        outcomes = list(self.executor.map(start, self.states))  # concurrently, as step_all
+        for state, (obs, error) in zip(self.states, outcomes, strict=True):
             state.obs = obs
+            if error is not None:
+                self._fail(state, None, error)
         return self.states
 
     def end_rollout(self) -> dict[str, float]:
@@ -149,7 +159,7 @@ class EnvStateManager:
         env plays only its own actions with its own random stream, and failures are dealt with afterwards in
         env order, so the outcome is exactly that of stepping them one after another."""
         outcomes = list(self.executor.map(lambda turn: self._play(*turn), turns))
-        for (env_id, _), (_, failure) in zip(turns, outcomes):
+        for (env_id, _), (_, failure) in zip(turns, outcomes, strict=True):  # never a silently shorter batch
             if failure is not None:
                 self._fail(self.states[env_id], *failure)
         return [record for record, _ in outcomes]
@@ -188,23 +198,38 @@ class EnvStateManager:
         state.turns.append(record)
         return record, failure
 
-    def _fail(self, state: EnvState, action: str, error: Exception) -> None:
-        """End the trajectory whose env.step raised or hung; stop the rollout if too many have."""
+    def _fail(self, state: EnvState, action: str | None, error: Exception) -> None:
+        """End the trajectory whose env failed in reset (`action` None) or step (raised, hung, bad reward or info)
+        and give it a fresh env for the next episode; stop the rollout if too many have failed."""
         state.error = f"{type(error).__name__}: {error}"
         state.done, state.success = True, False
-        print(f"[ragen] env {state.env_id} ({state.tag!r}, seed {state.seed}) failed on action {action!r} and "
-              f"ends its trajectory: {state.error}", flush=True)
+        where = "at reset" if action is None else f"on action {action!r}"
+        print(f"[ragen] env {state.env_id} ({state.tag!r}, seed {state.seed}) failed {where} and ends its "
+              f"trajectory: {state.error}", flush=True)
         # An exception may leave the instance half-updated, and a hung step's thread still holds it
-        state.env = self._make_env(state.tag, state.level)
+        try:
+            self._swap_env(state, self._make_env(state.tag, state.level), state.level)
+        except Exception as e:  # its server is down too: keep the old instance, whose next reset tries again
+            print(f"[ragen] env {state.env_id} keeps its instance: a fresh one could not be made ({e})", flush=True)
         failed = [s for s in self.states if s.error is not None]
         if len(failed) > self.max_env_failure_share * len(self.states):
             first = failed[0]
             raise EnvFailureError(
-                f"{len(failed)} of {len(self.states)} trajectories failed in env.step, more than "
+                f"{len(failed)} of {len(self.states)} trajectories failed in their env, more than "
                 f"es_manager.max_env_failure_share={self.max_env_failure_share}; the first: env tag {first.tag!r}, "
-                f"seed {first.seed}: {first.error}; the last: env tag {state.tag!r}, seed {state.seed}, action "
-                f"{action!r}: {state.error}. Fix the environment, or raise es_manager.max_env_failure_share "
+                f"seed {first.seed}: {first.error}; the last: env tag {state.tag!r}, seed {state.seed}, {where}: "
+                f"{state.error}. Fix the environment, or raise es_manager.max_env_failure_share "
                 "(or es_manager.env_step_timeout_s, if its steps are merely slow)") from error
+
+    @staticmethod
+    def _swap_env(state: EnvState, env: gym.Env, level: int | None) -> None:
+        """Give the state `env` and close the one it had (a served env ends its session, which would otherwise
+        hold a place on its server until reaped)."""
+        old, state.env, state.level = state.env, env, level
+        try:
+            old.close()
+        except Exception:  # a half-updated or hung instance: it is dropped either way
+            pass
 
 
 def call_with_timeout(fn, arg, timeout_s: float | None):

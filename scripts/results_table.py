@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
                 path.write_text(new, encoding="utf-8")
     if args.check and stale:
         sys.exit(f"stale results table in {', '.join(stale)}: run python scripts/results_table.py")
-    print(f"{'stale' if args.check else 'rewrote'}: {', '.join(stale)}" if stale else "the results tables are up to date")
+    print(f"{'stale' if args.check else 'rewrote'}: {', '.join(stale)}" if stale
+          else "the results tables are up to date")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI
 from pydantic import Field
 
@@ -45,7 +44,7 @@ except ImportError as error:  # only this module needs it: `pip install -e ".[te
                       f"({error})") from error
 
 from ragen.envs import ENV_REGISTRY, build_env_config, make_env
-from ragen.envs.serve import listen_and_serve
+from ragen.envs.serve import listen_and_serve, to_json  # an info in JSON's own types, or a clear error
 from ragen.envs.utils import start_episode
 
 # One session is one WebSocket connection with its own env; a training batch holds a few hundred episodes.
@@ -64,17 +63,6 @@ class TextObservation(Observation):
     # set on the reset observation only
     instructions: str | None = None
     example_actions: list[str] | None = None
-
-
-def json_safe(info: Mapping[str, Any]) -> dict[str, Any]:
-    """`info` with numpy scalars and arrays as JSON numbers and lists. Anything else JSON cannot carry (an
-    object, a NaN) raises here, in the env's own step, rather than later in OpenEnv's serialisation."""
-    def plain(value: Any) -> Any:
-        if isinstance(value, (np.generic, np.ndarray)):
-            return value.tolist()
-        raise TypeError(f"the env's info holds a {type(value).__name__}, which JSON cannot carry")
-
-    return json.loads(json.dumps(info, allow_nan=False, default=plain))
 
 
 class RagenEnvironment(Environment):
@@ -101,7 +89,7 @@ class RagenEnvironment(Environment):
             text, info = start_episode(self.env, seed, stream)
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
         self._started = True
-        return TextObservation(text=text, info=json_safe(info), instructions=self.env.instructions,
+        return TextObservation(text=text, info=to_json(info, "info"), instructions=self.env.instructions,
                                example_actions=list(self.env.example_actions))
 
     def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
@@ -111,7 +99,7 @@ class RagenEnvironment(Environment):
         text, reward, terminated, truncated, info = self.env.step(action.action)
         self._state.step_count += 1
         return TextObservation(text=text, reward=float(reward), done=bool(terminated or truncated),
-                               terminated=bool(terminated), truncated=bool(truncated), info=json_safe(info))
+                               terminated=bool(terminated), truncated=bool(truncated), info=to_json(info, "info"))
 
     @property
     def state(self) -> State:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 API_VERSION = "v1"
 TOKEN_HEADER = "Authorization"  # "Bearer <token>"
 TOKEN_ENV_VAR = "RAGEN_ENV_SERVER_TOKEN"
+PARENT_PID_VAR = "RAGEN_ENV_SERVER_PARENT"  # set by a trainer that spawns the server: it dies with that process
 
 
 class Message(BaseModel):

@@ -23,30 +23,31 @@ What can go wrong, and what happens:
 """
 
 import atexit
-import concurrent.futures
-import ctypes
+import collections
 import json
 import os
+import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import gymnasium
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from ragen.envs.protocol import (API_VERSION, TOKEN_ENV_VAR, TOKEN_HEADER, CreateSession, EnvsReply, Health,
-                                 SessionCreated, StepReply, StepRequest)
+from ragen.envs.protocol import (API_VERSION, PARENT_PID_VAR, TOKEN_ENV_VAR, TOKEN_HEADER, CreateSession,
+                                 EnvsReply, Health, SessionCreated, StepReply, StepRequest)
 
 RETRY_STATUS = (429, 503)
 # connection errors: refused, reset, closed by the server (a kept-alive socket it had dropped), half-sent
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
                 httpx.WriteError)
 RETRY_FIRST_WAIT_S = 0.5
+DELETE_TIMEOUT_S = 2.0
 LISTENING = re.compile(r"\[ragen\.envs\.serve\] listening on (http://\S+)")
 START_TIMEOUT_S = 60.0
 
@@ -58,9 +59,10 @@ class RemoteEnvError(RuntimeError):
 class ServerClient:
     """One server's HTTP client: JSON in and out, the token, retries of what may succeed on a second try."""
 
-    def __init__(self, url: str, *, timeout_s: float, retries: int, token: str | None):
+    def __init__(self, url: str, *, timeout_s: float, retries: int):
         self.url, self.retries = url.rstrip("/"), retries
-        token = token or os.environ.get(TOKEN_ENV_VAR)
+        # from the environment only: a token in the config would be saved with every checkpoint and logged
+        token = os.environ.get(TOKEN_ENV_VAR)
         headers = {TOKEN_HEADER: f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
@@ -73,8 +75,8 @@ class ServerClient:
             except RETRY_ERRORS as e:  # refused or dropped: the server was not there, or went away
                 problem = f"{type(e).__name__}: {e}"
             except httpx.TransportError as e:  # a timeout: a hung env is not retried (it would hang again)
-                raise RemoteEnvError(f"{method} {self.url}{path}: {type(e).__name__} after "
-                                     f"{self.http.timeout.read} s: {e}") from None
+                raise RemoteEnvError(f"{method} {self.url}{path}: {type(e).__name__} (server.timeout_s="
+                                     f"{self.http.timeout.read:g}): {e}") from None
             else:
                 if response.status_code not in RETRY_STATUS:
                     return self._read(response, method, path, reply)
@@ -94,6 +96,13 @@ class ServerClient:
         except ValidationError as e:
             raise RemoteEnvError(f"{method} {self.url}{path} answered what is not a {reply.__name__}: "
                                  f"{_first_error(e)}") from None
+
+    def delete(self, path: str) -> None:
+        """Best effort, briefly: ending a session the server may have lost, or reaps anyway."""
+        try:
+            self.http.delete(path, timeout=DELETE_TIMEOUT_S)
+        except Exception:  # refused, timed out, or this client closed by a restart: nothing to undo
+            pass
 
     def close(self) -> None:
         self.http.close()
@@ -132,18 +141,17 @@ class RemoteEnv(gymnasium.Env):
 
     def __init__(self, connection: "Connection | PoolSlot", env_type: str, env_config: dict[str, Any]):
         self.connection, self.env_type, self.env_config = connection, env_type, dict(env_config)
-        self.client = connection.client()
         self.session_id: str | None = None
         self.step_index = 0
-        self.instructions, self.example_actions, self.action_choices = describe(self.client, env_type,
+        self.instructions, self.example_actions, self.action_choices = describe(connection.client(), env_type,
                                                                                 self.env_config)
+        _LIVE.add(self)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         if seed is None:
             raise ValueError("a remote env starts from a seed: reset(seed=...)")
         self.close()
         self.connection.revive()  # a spawned server found dead is restarted; the episode goes to the new one
-        self.client = self.connection.client()
         request = CreateSession(env=self.env_type, env_config=self.env_config, seed=seed,
                                 stream=(options or {}).get("stream"))
         created = self._call("POST", f"/{API_VERSION}/sessions", request, SessionCreated)
@@ -159,22 +167,22 @@ class RemoteEnv(gymnasium.Env):
         return reply.observation, reply.reward, reply.terminated, reply.truncated, reply.info
 
     def close(self) -> None:
-        """End the session (best effort: a server that is gone has ended it, and reaps idle ones anyway)."""
+        """End the session, if any (best effort: a server that died has lost it, and reaps idle ones anyway)."""
         session, self.session_id = self.session_id, None
         if session is not None:
-            try:
-                self.client.http.delete(f"/{API_VERSION}/sessions/{session}")
-            except httpx.HTTPError:
-                pass
+            self.connection.client().delete(f"/{API_VERSION}/sessions/{session}")
 
     def _call(self, method: str, path: str, body: BaseModel, reply: type[BaseModel]):
+        # The connection's client now, not one kept: a restarted server has a new client (the old one is closed).
+        # A session creation retried after a lost reply may leave an orphan session: the server reaps it.
         try:
-            return self.client.call(method, path, body, reply)
+            return self.connection.client().call(method, path, body, reply)
         except RemoteEnvError:
             self.connection.revive()  # so that a dead spawned server is back for the next episode
             raise
 
 
+_LIVE: "weakref.WeakSet[RemoteEnv]" = weakref.WeakSet()  # closed (their sessions ended) by stop_servers
 _DESCRIPTIONS: dict[tuple[str, str, str], tuple[str, tuple[str, ...], str]] = {}
 _DESCRIPTIONS_LOCK = threading.Lock()
 
@@ -187,7 +195,7 @@ def describe(client: ServerClient, env_type: str, env_config: dict) -> tuple[str
         if key not in _DESCRIPTIONS:
             created = client.call("POST", f"/{API_VERSION}/sessions",
                                   CreateSession(env=env_type, env_config=env_config, seed=0), SessionCreated)
-            client.http.delete(f"/{API_VERSION}/sessions/{created.session_id}")
+            client.delete(f"/{API_VERSION}/sessions/{created.session_id}")
             _DESCRIPTIONS[key] = created.instructions, tuple(created.example_actions), created.action_choices
         return _DESCRIPTIONS[key]
 
@@ -204,51 +212,51 @@ def check_server(client: ServerClient, env_type: str) -> None:
                              f"{served}): start it with `python -m ragen.envs.serve {env_type}`")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that spawned it dies (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):  # not Linux: atexit and the run's cleanup still stop it
-        pass
-
-
-# Servers are started from this one thread, which lives as long as the process: the kernel's parent-death
-# signal follows the thread that spawned a child, so a short-lived thread would take its server with it.
-_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-server-spawner")
-
-
 class SpawnedServer:
-    """One `python -m ragen.envs.serve` child on a free local port."""
+    """One `python -m ragen.envs.serve` child on a free local port. It is told this process's pid
+    (PARENT_PID_VAR) and has the kernel SIGKILL it when this process dies (ragen.envs.serve.die_with_parent),
+    so not even a SIGKILLed trainer, nor a server stuck in a hung step, leaves one behind."""
 
     def __init__(self, python: str, env_type: str):
         self.python, self.env_type = python, env_type
         self.process: subprocess.Popen | None = None
         self.url = ""
+        self.output: collections.deque[str] = collections.deque(maxlen=40)  # its last lines, shown if it dies
         self.start()
 
     def start(self) -> None:
         command = [self.python, "-m", "ragen.envs.serve", self.env_type, "--host", "127.0.0.1", "--port", "0"]
-        self.process = _SPAWNER.submit(subprocess.Popen, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True, preexec_fn=_die_with_parent, env=_child_env()).result()
-        deadline, seen = time.monotonic() + START_TIMEOUT_S, []
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:  # exited before listening
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=_child_env())
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process, lines), daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
                 break
-            seen.append(line.rstrip())
+            if line is None:  # exited before listening
+                break
             if match := LISTENING.search(line):
                 self.url = match.group(1)
-                threading.Thread(target=self._drain, daemon=True).start()
                 return
         self.stop()
         raise RemoteEnvError(f"the env server `{' '.join(command)}` did not start within {START_TIMEOUT_S:.0f} s; "
-                             "it printed:\n" + "\n".join(seen[-20:]))
+                             f"its last lines:\n{self.last_lines()}")
 
-    def _drain(self) -> None:
-        """Keep reading the server's output (its log), so that a full pipe never blocks it."""
-        for line in self.process.stdout:
-            if "Traceback" in line or "ERROR" in line:
-                print(f"[env server {self.url}] {line.rstrip()}", file=sys.stderr, flush=True)
+    def _read(self, process: subprocess.Popen, lines: queue.Queue) -> None:
+        """Read the server's output for as long as it runs (a full pipe would block it): keep the last lines,
+        pass every line on until it listens, and show its errors."""
+        for line in process.stdout:
+            self.output.append(line.rstrip())
+            lines.put(line)
+            if " ERROR " in line or line.startswith("Traceback"):
+                print(f"[env server {self.url or self.env_type}] {line.rstrip()}", file=sys.stderr, flush=True)
+        lines.put(None)
+
+    def last_lines(self) -> str:
+        return "\n".join(self.output) or "(nothing)"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -258,31 +266,37 @@ class SpawnedServer:
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # stuck in a hung step
                 self.process.kill()
                 self.process.wait()
 
 
 def _child_env() -> dict[str, str]:
-    """The server runs RAGEN's code from this checkout, whatever its interpreter has installed."""
+    """The server runs RAGEN's code from this checkout, whatever its interpreter has installed, and knows
+    its parent."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env[PARENT_PID_VAR] = str(os.getpid())
     return env
 
 
 class ServerPool:
     """`workers` spawned servers for one env type and interpreter, shared by every env that names them."""
 
-
-    def __init__(self, python: str, env_type: str, workers: int, *, timeout_s: float, retries: int,
-                 token: str | None):
+    def __init__(self, python: str, env_type: str, workers: int, *, timeout_s: float, retries: int):
         self.lock = threading.Lock()
-        self.options = {"timeout_s": timeout_s, "retries": retries, "token": token}
-        self.servers = [SpawnedServer(python, env_type) for _ in range(workers)]
-        self.clients = [ServerClient(server.url, **self.options) for server in self.servers]
-        for client in self.clients:
-            check_server(client, env_type)
+        self.options = {"timeout_s": timeout_s, "retries": retries}
+        self.servers: list[SpawnedServer] = []
+        self.clients: list[ServerClient] = []
+        try:
+            for _ in range(workers):
+                self.servers.append(SpawnedServer(python, env_type))
+                self.clients.append(ServerClient(self.servers[-1].url, **self.options))
+                check_server(self.clients[-1], env_type)
+        except BaseException:  # none of those started may outlive a pool that failed to start
+            self.stop()
+            raise
         self.next = 0
 
     def assign(self) -> int:
@@ -297,15 +311,16 @@ class ServerPool:
             server = self.servers[index]
             if server.alive():
                 return
-            print(f"[ragen] the env server {server.url} ({server.env_type}) died (exit {server.process.returncode}): "
-                  "restarting it", flush=True)
+            print(f"[ragen] the env server {server.url} ({server.env_type}) died (exit {server.process.returncode}); "
+                  f"its last lines:\n{server.last_lines()}\n[ragen] restarting it", flush=True)
             server.start()
             self.clients[index].close()
             self.clients[index] = ServerClient(server.url, **self.options)
 
     def stop(self) -> None:
-        for server, client in zip(self.servers, self.clients):
+        for client in self.clients:
             client.close()
+        for server in self.servers:
             server.stop()
 
 
@@ -323,30 +338,35 @@ class PoolSlot:
 
 
 _POOLS: dict[tuple, ServerPool] = {}
-_POOLS_LOCK = threading.Lock()
 _CLIENTS: dict[tuple, ServerClient] = {}
+_CHECKED: set[tuple[str, str]] = set()  # (url, env type) that passed check_server
+_POOLS_LOCK = threading.Lock()
 
 
 def make_remote_env(server, env_type: str, env_config: dict[str, Any]) -> RemoteEnv:
     """A RemoteEnv on the server(s) an EnvServerConfig names: a running one (`url`) or spawned ones."""
-    options = {"timeout_s": server.timeout_s, "retries": server.retries, "token": server.token}
-    if not server.spawn:
-        key = (server.url, *options.values())
-        with _POOLS_LOCK:
-            if key not in _CLIENTS:
-                _CLIENTS[key] = client = ServerClient(server.url, **options)
-                check_server(client, env_type)
-        return RemoteEnv(Connection(_CLIENTS[key]), env_type, env_config)
-    python = server.python or sys.executable
-    key = (python, env_type, server.workers, *options.values())
+    options = {"timeout_s": server.timeout_s, "retries": server.retries}
     with _POOLS_LOCK:
+        if not server.spawn:
+            key = (server.url, *options.values())
+            if key not in _CLIENTS:
+                _CLIENTS[key] = ServerClient(server.url, **options)
+            if (server.url, env_type) not in _CHECKED:
+                check_server(_CLIENTS[key], env_type)
+                _CHECKED.add((server.url, env_type))
+            return RemoteEnv(Connection(_CLIENTS[key]), env_type, env_config)
+        key = (server.python or sys.executable, env_type, server.workers, *options.values())
         if key not in _POOLS:
-            _POOLS[key] = ServerPool(python, env_type, server.workers, **options)
-    return RemoteEnv(PoolSlot(_POOLS[key]), env_type, env_config)
+            _POOLS[key] = ServerPool(key[0], env_type, server.workers, **options)
+        slot = PoolSlot(_POOLS[key])
+    return RemoteEnv(slot, env_type, env_config)
 
 
 def stop_servers() -> None:
-    """Stop every spawned server and close every client (the end of a run; also at exit)."""
+    """End every open session, stop every spawned server and close every client (the end of a run; also at
+    exit)."""
+    for env in list(_LIVE):
+        env.close()
     with _POOLS_LOCK:
         for pool in _POOLS.values():
             pool.stop()
@@ -354,6 +374,7 @@ def stop_servers() -> None:
             client.close()
         _POOLS.clear()
         _CLIENTS.clear()
+        _CHECKED.clear()
         _DESCRIPTIONS.clear()
 
 

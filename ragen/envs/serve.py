@@ -21,6 +21,7 @@ virtualenv beside an environment's own dependencies; Hydra is imported only to r
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import hmac
 import ipaddress
@@ -28,6 +29,7 @@ import logging
 import math
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -47,6 +49,7 @@ from starlette.datastructures import Headers
 
 from ragen.envs import ENV_REGISTRY, make_env
 from ragen.envs.protocol import (
+    PARENT_PID_VAR,
     TOKEN_ENV_VAR,
     BatchItem,
     BatchReply,
@@ -72,6 +75,7 @@ MAX_BODY_BYTES = 4 * 2**20
 # and a validation pass or a checkpoint save can come in between: idle means abandoned only after long.
 IDLE_TIMEOUT_S = 1800.0
 EPISODE_TIMEOUT_S = 6 * 3600.0
+GRACEFUL_SHUTDOWN_S = 5.0  # on SIGTERM/SIGINT, how long requests in flight (and a session's step) may finish
 REMEMBERED_ENDS = 10_000  # closed sessions whose 404 can still say why they ended
 
 
@@ -276,8 +280,12 @@ class Sessions:
         with self.lock:
             sessions = list(self.live.values())
         for session in sessions:
-            with session.lock:
-                self.drop(session, "closed at server shutdown")
+            # one stuck in a hung step is left to the process's exit: waiting for it would hang the shutdown
+            if session.lock.acquire(timeout=GRACEFUL_SHUTDOWN_S):
+                try:
+                    self.drop(session, "closed at server shutdown")
+                finally:
+                    session.lock.release()
         return len(sessions)
 
 
@@ -478,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--episode-timeout-s", type=float, default=EPISODE_TIMEOUT_S,
                         help=f"a session older than this is closed (default {EPISODE_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[ragen.envs.serve] %(message)s")
+    logging.basicConfig(level=logging.INFO, format="[ragen.envs.serve] %(levelname)s %(message)s")
+    die_with_parent()
 
     token = args.token or os.environ.get(TOKEN_ENV_VAR) or None
     if token is None and not is_loopback(args.host):
@@ -489,6 +498,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                    idle_timeout_s=args.idle_timeout_s, episode_timeout_s=args.episode_timeout_s)
 
     listen_and_serve(app, args.host, args.port, "ragen.envs.serve", log_level="info")
+
+
+def die_with_parent() -> None:
+    """A server spawned by a trainer (which sets PARENT_PID_VAR) asks the kernel for SIGKILL when that
+    trainer dies, however it dies (Linux PR_SET_PDEATHSIG), and exits at once if it has died already. SIGKILL,
+    not SIGTERM: a server stuck in a hung env step would not finish a graceful shutdown."""
+    parent = os.environ.get(PARENT_PID_VAR)
+    if parent is None:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the trainer's own cleanup (atexit, its finally) stops it
+        pass
+    if os.getppid() != int(parent):  # it died before the request took effect
+        raise SystemExit(f"ragen.envs.serve: the process that started it ({parent}) is gone")
 
 
 def listen_and_serve(app, host: str, port: int, name: str, log_level: str) -> None:
@@ -509,7 +533,8 @@ def listen_and_serve(app, host: str, port: int, name: str, log_level: str) -> No
     print(f"[{name}] listening on http://{url_host}:{bound_port}", flush=True)
     # uvicorn closes the sessions through the app's lifespan on SIGINT/SIGTERM; the access log is off because a
     # training run makes thousands of steps.
-    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level=log_level))
+    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_level=log_level,
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     try:
         server.run(sockets=[listener])
     except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has shut down cleanly

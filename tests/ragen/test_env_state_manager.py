@@ -89,7 +89,7 @@ def test_more_failures_than_the_allowed_share_stop_the_rollout():
     em.step(1, ["Up"])
     with pytest.raises(EnvFailureError, match=r"2 of 6 trajectories failed .*max_env_failure_share=0.25; the first: "
                                               r"env tag 'Sokoban', seed 103: ValueError: boom; the last: env tag "
-                                              r"'Bandit', seed 105, action 'dragon': ValueError: boom"):
+                                              r"'Bandit', seed 105, on action 'dragon': ValueError: boom"):
         em.step(4, ["dragon"])
     strict = manager()
     strict.max_env_failure_share = 0.0  # any failure stops the run

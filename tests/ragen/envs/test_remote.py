@@ -109,6 +109,34 @@ def test_a_killed_server_ends_only_its_trajectories_and_is_restarted():
     envs.reset(1)
     envs.step_all([(s.env_id, ["Up"]) for s in envs.states])
     assert all(s.error is None for s in envs.states)
+    assert sessions_on(pool) == len(envs.states)  # failed envs were replaced, their sessions ended, none leak
+
+    os.kill(pool.servers[1].process.pid, signal.SIGKILL)  # killed between rollouts, its envs holding sessions
+    pool.servers[1].process.wait()
+    envs.reset(2)  # ending the lost sessions fails quietly, the server is restarted, every env starts
+    assert all(s.error is None for s in envs.states) and pool.servers[1].alive()
+
+
+def sessions_on(pool) -> int:
+    import httpx
+
+    return sum(httpx.get(f"{server.url}/health").json()["sessions"] for server in pool.servers)
+
+
+def test_an_env_that_fails_to_start_ends_only_its_trajectory(monkeypatch):
+    from ragen.envs import ENV_REGISTRY, SokobanEnv
+
+    class BadSeed(SokobanEnv):
+        def reset(self, *, seed=None, options=None):
+            if seed == 1235:
+                raise RuntimeError("no level for this seed")
+            return super().reset(seed=seed, options=options)
+
+    monkeypatch.setitem(ENV_REGISTRY, "bad_seed", (BadSeed, ENV_REGISTRY["sokoban"][1]))
+    envs = manager({"S": CustomEnvConfig(env_type="bad_seed")}, groups=3, group_size=1, max_env_failure_share=1.0)
+    envs.reset(0)
+    assert [s.error for s in envs.states] == [None, "RuntimeError: no level for this seed", None]
+    assert envs.states[1].done and not envs.states[0].done
 
 
 def test_a_hung_step_times_out_and_ends_only_its_trajectory(monkeypatch):
@@ -145,7 +173,8 @@ def test_a_hung_step_times_out_and_ends_only_its_trajectory(monkeypatch):
 
 
 def test_spawned_servers_die_with_the_run_even_when_it_is_killed(tmp_path):
-    """SIGKILL leaves no atexit to run: the servers go because the kernel tells them (PR_SET_PDEATHSIG)."""
+    """A normal exit, an exception and Ctrl-C stop them (atexit); SIGKILL leaves no atexit to run: the servers go
+    because the kernel tells them (PR_SET_PDEATHSIG)."""
     script = textwrap.dedent("""
         import json, sys, time
         from ragen.config import EnvServerConfig
@@ -154,13 +183,16 @@ def test_spawned_servers_die_with_the_run_even_when_it_is_killed(tmp_path):
         print(json.dumps([s.process.pid for pool in remote._POOLS.values() for s in pool.servers]), flush=True)
         if sys.argv[1] == "exit":
             raise SystemExit(0)
+        if sys.argv[1] == "crash":
+            raise RuntimeError("a bug in the trainer")
         time.sleep(600)
     """)
-    for how in ("exit", "kill"):
-        run = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True)
+    for how in ("exit", "crash", "ctrl-c", "kill"):
+        run = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True,
+                               stderr=subprocess.DEVNULL)
         pids = json.loads(run.stdout.readline())
-        if how == "kill":
-            run.send_signal(signal.SIGKILL)
+        if how in ("ctrl-c", "kill"):
+            run.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
         run.wait(timeout=60)
         deadline = time.monotonic() + 15
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
