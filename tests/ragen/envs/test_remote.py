@@ -299,3 +299,23 @@ def test_a_server_answering_garbage_ends_only_that_trajectory(monkeypatch):
     assert len(envs.states[0].turns[0].actions) == 2
     proxy.shutdown()
     del envs_served
+
+
+def test_training_on_spawned_servers_plays_what_training_in_process_plays(tiny_model_path, tmp_path):
+    """`bash train.sh sokoban` with its tag served: the same rollouts, training and validation, as in-process,
+    and no server left afterwards."""
+    from tests.test_train_e2e import train
+
+    common = ["trainer.total_training_steps=1", "trainer.backend=local", "agent_proxy.max_turn=2",
+              "es_manager.val.env_groups=4"]
+    train("sokoban", tiny_model_path, tmp_path / "local", *common)
+    result = train("sokoban", tiny_model_path, tmp_path / "served", *common,
+                   "custom_envs.CoordSokoban.server.spawn=true", "custom_envs.CoordSokoban.server.workers=2")
+    for split, step in (("train", 1), ("val", 0)):
+        local, served = ((tmp_path / run / "rollouts" / split / f"step_{step}.jsonl").read_text()
+                         for run in ("local", "served"))
+        assert served == local and local, split
+    assert "HTTP Request" not in result.stdout + result.stderr  # httpx's per-request log stays quiet
+    leftover = subprocess.run(["pgrep", "-f", "ragen.envs.serve CoordSokoban|ragen.envs.serve sokoban"],
+                              capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in leftover if alive(int(pid))]
