@@ -65,13 +65,14 @@ def warm_start(recipe: str, seed: int, folder: Path) -> Path:
     return folder
 
 
-def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> float:
-    """One training run; returns its wall time in seconds (also written to `<run_dir>.reproduce.json`)."""
+def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> dict:
+    """One training run; returns its record (`<run_dir>.reproduce.json`): the command, the wall time in seconds
+    over all its sittings, and the code each sitting ran (`code_version`)."""
     command = run_command(recipe, seed, run_dir, args.val_seed, overrides)
     done, started = bookkeeping(run_dir)
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
-        return json.loads(done.read_text(encoding="utf-8"))["wall_time_s"]
+        return json.loads(done.read_text(encoding="utf-8"))
     # The wall time of earlier sittings of this run is kept in command.json and added up.
     earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
     if earlier.get("command") == command and any(run_dir.glob("global_step_*/trainer_state.json")):
@@ -81,8 +82,12 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
         done.unlink(missing_ok=True)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         earlier = {"command": command, "wall_time_s": earlier.get("wall_time_s", 0.0)
-                   if earlier.get("command") == command else 0.0}
+                   if earlier.get("command") == command else 0.0, "code": []}
         # now, so that even a killed sitting is resumed, not wiped
+        started.write_text(json.dumps(earlier), encoding="utf-8")
+    version = code_version()  # each sitting's code: a run resumed after a change is seen to have mixed code
+    if version not in earlier.setdefault("code", []):
+        earlier["code"].append(version)
         started.write_text(json.dumps(earlier), encoding="utf-8")
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
@@ -98,8 +103,9 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
                  "command resumes it from its newest checkpoint")
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
-    done.write_text(json.dumps({"wall_time_s": wall, "command": command}), encoding="utf-8")
-    return wall
+    record = {"wall_time_s": wall, "command": command, "code": earlier["code"]}
+    done.write_text(json.dumps(record), encoding="utf-8")
+    return record
 
 
 def bookkeeping(run_dir: Path) -> tuple[Path, Path]:
@@ -135,9 +141,15 @@ def provenance(recipe: str, overrides: list[str]) -> dict:
     import torch
 
     machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{len(os.sched_getaffinity(0))} CPU cores"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     return {"model": str(load_config(recipe, overrides).model_path), "machine": machine,
-            "commit": commit.strip() or None, "date": time.strftime("%Y-%m-%d")}
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def code_version() -> str:
+    """The checkout's commit, `-dirty` when files differ from it: what a sitting of a run trains with."""
+    described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    return described or "unknown (not a git checkout)"
 
 
 def validation_baselines(recipe: str, overrides: list[str]) -> dict[str, dict]:
@@ -176,6 +188,7 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
                       "before_mean": statistics.mean(before)}
     return {"recipe": recipe, **provenance(recipe, args.overrides), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
+            "code": {seed: run["code"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "baselines": baselines,
             "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
@@ -205,14 +218,16 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
+def plot(runs: dict[int, dict], path: Path, recipe: str, baselines: dict[str, dict]) -> None:
+    """Validation success per tag (the seeds' mean, their min-max band), each seed's training batches, and the
+    reference agents on the same validation states (random dotted, best constant move dashed, oracle dash-dot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tags = sorted({tag for run in runs.values() for tag in run["val"]})
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure, axes = plt.subplots(figsize=(9.5, 4))
     for i, tag in enumerate(tags):
         steps = sorted(set.intersection(*(set(run["val"][tag]) for run in runs.values())))
         values = [[run["val"][tag][s] for run in runs.values()] for s in steps]
@@ -225,10 +240,16 @@ def plot(runs: dict[int, dict], path: Path, recipe: str) -> None:
                 label = f"{tag} (training batches, per seed)" if seed == next(iter(runs)) else None
                 axes.plot(train_steps, [run["train"][tag][s] for s in train_steps], color=f"C{i}", alpha=0.3,
                           linewidth=0.8, label=label)
+        reference = baselines.get(tag, {})
+        for agent, style in (("random", ":"), ("constant", "--"), ("oracle", "-.")):
+            value = reference.get(agent)
+            if value is not None:
+                share, name = (value[1], f"best constant move ({value[0]})") if agent == "constant" else (value, agent)
+                axes.axhline(share, color=f"C{i}", linestyle=style, linewidth=1, label=f"{tag}: {name}")
     axes.set(title=f"{recipe}: success rate", xlabel="training step", ylabel="success", ylim=(-0.03, 1.03))
     axes.xaxis.get_major_locator().set_params(integer=True)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the plot, covering no line
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -290,17 +311,18 @@ def main() -> None:
         if args.warm_start:
             model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}")
             seed_overrides = [f"model_path={model}", *overrides]
-        wall = train(args.recipe, seed, run_dir, args, seed_overrides)
+        record = train(args.recipe, seed, run_dir, args, seed_overrides)
+        wall = record["wall_time_s"]
         rows = read_metrics(run_dir)
         runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
-                      "wall_time_s": wall, "rows": rows}
+                      "wall_time_s": wall, "rows": rows, "code": record["code"]}
         changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
     summary = summarise(runs, args.recipe, args,
                         validation_baselines(args.recipe, [f"trainer.val_seed={args.val_seed}", *overrides]))
     (out / "results.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     (out / "results.md").write_text(markdown(summary), encoding="utf-8")
-    plot(runs, out / "curve.png", args.recipe)
+    plot(runs, out / "curve.png", args.recipe, summary["baselines"])
     plot_signals(runs, out / "signals.png", args.recipe)
     print(markdown(summary) + f"\n[reproduce] written to {out}/results.md, results.json, curve.png, signals.png")
 

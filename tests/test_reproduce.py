@@ -33,7 +33,8 @@ def test_summary_table_signals_and_figures(tmp_path):
     for seed, (final, entropy_end) in {1: (1.0, 0.2), 2: (0.0, 0.4)}.items():
         rows = fake_rows(final, entropy_end)
         runs[seed] = {"val": reproduce.success_curves(rows, "val-env"),
-                      "train": reproduce.success_curves(rows, "train"), "wall_time_s": 60.0, "rows": rows}
+                      "train": reproduce.success_curves(rows, "train"), "wall_time_s": 60.0, "rows": rows,
+                      "code": ["abc1234"]}
     args = argparse.Namespace(val_seed=5_000_000, val_groups=64, overrides=[])
     summary = reproduce.summarise(runs, "bandit", args, {"Bandit": {"random": 0.5, "constant": None, "oracle": 1.0}})
 
@@ -48,7 +49,7 @@ def test_summary_table_signals_and_figures(tmp_path):
     assert "| Bandit | 0.500 | - | 1.000 | 0.500 | 0.500 ± 0.707 | 1.000, 0.000 |" in text
     assert "| 1 | 1.00 -> 0.20 | - | 0.20 -> 0.20 | 0.50 -> 0.50 |" in text
 
-    reproduce.plot(runs, tmp_path / "curve.png", "bandit")
+    reproduce.plot(runs, tmp_path / "curve.png", "bandit", summary["baselines"])
     reproduce.plot_signals(runs, tmp_path / "signals.png", "bandit")
     assert (tmp_path / "curve.png").stat().st_size > 0 and (tmp_path / "signals.png").stat().st_size > 0
 
@@ -82,12 +83,13 @@ def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, 
     done, started = reproduce.bookkeeping(run_dir)
     assert (run_dir / "global_step_1").is_dir() and not done.exists()
 
-    wall = reproduce.train("bandit", 1, run_dir, args, ["a=1"])  # same command: continues, keeps the checkpoint
+    record = reproduce.train("bandit", 1, run_dir, args, ["a=1"])  # same command: continues, keeps the checkpoint
     assert "resuming the interrupted run" in capsys.readouterr().out
     assert done.is_file() and not (run_dir / "global_step_1").exists()  # weights removed
-    assert wall == json.loads(done.read_text())["wall_time_s"] > 0
+    assert record == json.loads(done.read_text()) and record["wall_time_s"] > 0
+    assert record["code"] == [reproduce.code_version()]  # both sittings ran this checkout
 
-    assert reproduce.train("bandit", 1, run_dir, args, ["a=1"]) == wall  # finished: read back
+    assert reproduce.train("bandit", 1, run_dir, args, ["a=1"]) == record  # finished: read back
     assert "reusing the finished run" in capsys.readouterr().out
 
     with pytest.raises(SystemExit):  # another command: the old run is wiped, so the stand-in starts over
