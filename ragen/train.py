@@ -58,7 +58,8 @@ def run(cfg: RagenConfig) -> list[Path]:
     # a model that does not exist is named as such, before a resume could call it a changed setting
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     cfg.critic.model.path = resolve_model_path(cfg.critic.model.path)
-    run_folder.claim(cfg.trainer, own=hydra_output_dir())  # another run's folder, a damaged checkpoint: stop now
+    # another run's folder, a damaged checkpoint: stop now
+    run_folder.claim(cfg.trainer, run_config, own=hydra_output_dir())
     checkpoint.check_resume(cfg.trainer, ranks, run_config)  # a checkpoint this run cannot continue: stop now
     use_critic = ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic
     use_reference = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward

@@ -40,7 +40,7 @@ def test_branching_from_another_folder_into_a_run_is_refused_and_touches_nothing
     before = tree(mine)
     config = trainer_config(mine, resume_mode=str(other / "global_step_1"))
     with pytest.raises(run_folder.RunFolderError) as refused:
-        run_folder.claim(config)
+        run_folder.claim(config, {})
     message = str(refused.value)
     assert "\n" not in message and f"branching from {other / 'global_step_1'}" in message
     assert "checkpoints of steps 1, 2, 3; metrics.jsonl with 4 rows" in message
@@ -52,13 +52,13 @@ def test_starting_afresh_where_a_run_lives_is_refused(tmp_path):
     mine = a_run(tmp_path / "run")
     before = tree(mine)
     with pytest.raises(run_folder.RunFolderError, match="starting afresh"):
-        run_folder.claim(trainer_config(mine, resume_mode="disable"))
+        run_folder.claim(trainer_config(mine, resume_mode="disable"), {})
     (mine / "global_step_1" / "trainer_state.json").unlink()  # auto with no complete checkpoint left
     for step in (2, 3):
         checkpoint.remove(mine / f"global_step_{step}")
     before = tree(mine)
     with pytest.raises(run_folder.RunFolderError, match="starting afresh"):
-        run_folder.claim(trainer_config(mine))
+        run_folder.claim(trainer_config(mine), {})
     assert tree(mine) == before
 
 
@@ -67,30 +67,50 @@ def test_overwrite_moves_the_old_run_aside_whole(tmp_path):
     before = tree(mine)
     config = trainer_config(mine, resume_mode="disable")
     config.overwrite = True
-    run_folder.claim(config)
+    run_folder.claim(config, {})
     asides = list(tmp_path.glob("run.old-*"))
-    assert len(asides) == 1 and tree(asides[0]) == before and not mine.exists()
+    assert len(asides) == 1 and tree(asides[0]) == before and list(mine.iterdir()) == [mine / "run.json"]
 
 
 def test_resuming_from_the_folders_own_checkpoint_goes_on_and_clears_its_crashed_saves(tmp_path, capsys):
     mine = a_run(tmp_path / "run")
     (mine / "global_step_4.tmp" / "actor").mkdir(parents=True)  # a save that crashed
     (mine / ".global_step_2.old").mkdir()
-    run_folder.claim(trainer_config(mine))
+    run_folder.claim(trainer_config(mine), {})
     assert not (mine / "global_step_4.tmp").exists() and not (mine / ".global_step_2.old").exists()
     assert "removed 2 unfinished checkpoint folder(s)" in capsys.readouterr().out
-    run_folder.claim(trainer_config(mine, resume_mode=str(mine / "global_step_1")))  # its own lineage
+    run_folder.claim(trainer_config(mine, resume_mode=str(mine / "global_step_1")), {})  # its own lineage
 
 
 def test_an_empty_folder_and_hydras_own_output_folder_are_free(tmp_path):
-    run_folder.claim(trainer_config(tmp_path / "new"))
+    run_folder.claim(trainer_config(tmp_path / "new"), {})
     hydra = tmp_path / "run" / "hydra" / "2026"
     hydra.mkdir(parents=True)
     (hydra / "train.log").write_text("")
-    run_folder.claim(trainer_config(tmp_path / "run", resume_mode="disable"), own=hydra)
+    run_folder.claim(trainer_config(tmp_path / "run", resume_mode="disable"), {"lr": 1}, own=hydra)
     (tmp_path / "run" / "metrics.jsonl").write_text("")
+    with pytest.raises(run_folder.RunFolderError):  # another run's start (other settings) is not this run's
+        run_folder.claim(trainer_config(tmp_path / "run", resume_mode="disable"), {"lr": 2}, own=hydra)
+
+
+def test_the_same_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys):
+    """Ctrl-C in the first step, then the same command: the folder holds only that start (its validation,
+    records, pages), which the new start replaces; once a checkpoint exists, it resumes instead."""
+    run = tmp_path / "run"
+    hydra = run / "hydra"
+    hydra.mkdir(parents=True)
+    run_folder.claim(trainer_config(run), {"lr": 1}, own=hydra)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (run / "rollouts" / "val").mkdir(parents=True)
+    run_folder.claim(trainer_config(run), {"lr": 1}, own=hydra)
+    assert "this same run, stopped before its first checkpoint" in capsys.readouterr().out
+    assert sorted(p.name for p in run.iterdir()) == ["hydra", "run.json"]
+    (run / "global_step_1.tmp").mkdir()  # a first save that was cut short saved nothing: start again too
+    run_folder.claim(trainer_config(run), {"lr": 1}, own=hydra)
+    assert sorted(p.name for p in run.iterdir()) == ["hydra", "run.json"]
+    (run / "global_step_1").mkdir()  # a finished checkpoint is worth keeping: starting afresh over it is refused
     with pytest.raises(run_folder.RunFolderError):
-        run_folder.claim(trainer_config(tmp_path / "run", resume_mode="disable"), own=hydra)
+        run_folder.claim(trainer_config(run, resume_mode="disable"), {"lr": 1}, own=hydra)
 
 
 @pytest.mark.parametrize("name", ["/tmp/x", "../../etc", "a/b", "..", ".hidden", "mine\ntrainer.x=1", "", "x" * 101,

@@ -7,9 +7,11 @@ Decided at start-up, before any model loads (`claim`):
   abandoned future (verl/utils/checkpoint.py prunes them). Its own leftovers of a save that crashed
   (`global_step_N.tmp/`, a `.global_step_N.old/` renamed aside) are removed.
 - Starting afresh (`resume_mode=disable`, or `auto` with no checkpoint) or branching from a checkpoint in
-  another folder needs an empty folder. Where anything lives, the start is refused with one line that says
-  what is there and the two ways on: another `trainer.experiment_name`, or `trainer.overwrite=true`, which
-  renames the folder to `<folder>.old-<time>` first. Nothing of another run is ever deleted or rewritten.
+  another folder needs an empty folder, or one that holds only this same run (the same settings, `run.json`)
+  stopped before its first checkpoint: a run interrupted in its first step starts again with the same command.
+  Where anything lives, the start is refused with one line that says what is there and the two ways on:
+  another `trainer.experiment_name`, or `trainer.overwrite=true`, which renames the folder to
+  `<folder>.old-<time>` first. Nothing of another run is ever deleted or rewritten.
 - The folder must take a file (`check_writable`) and have room for a checkpoint, so that a full disk or a
   read-only folder is found before a model loads, not at the first save.
 
@@ -19,6 +21,7 @@ anywhere but `/`, a system folder, the home folder or the current folder (`check
 and trajectory pages of a run live inside its folder (`check_inside`), so two runs never share them.
 """
 
+import json
 import os
 import re
 import shutil
@@ -30,6 +33,7 @@ from verl.trainer.config import TrainerConfig
 from verl.utils import checkpoint
 
 MAX_NAME_LENGTH = 100
+RUN_FILE = "run.json"  # the settings of the run that started afresh in the folder
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]*")  # a file name on every system, and no `..`
 SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr",
                   "/var")  # and everything below them; `/`, the home folder and the current folder themselves
@@ -67,10 +71,12 @@ def check_inside(key: str, path: str, run_dir: str) -> str | None:
             "that two runs never share them; leave it at its default")
 
 
-def claim(config: TrainerConfig, own: Path | None = None) -> None:
+def claim(config: TrainerConfig, run_config: dict, own: Path | None = None) -> None:
     """Make sure this run may use `default_local_dir` as configured (see the module docstring); with
-    `trainer.overwrite` move whatever is there aside first. `own`: a folder this very run has already made
-    (Hydra's output folder, `hydra.run.dir`), which does not count as another run's. Raises RunFolderError."""
+    `trainer.overwrite` move whatever is there aside first. `run_config`: the whole run's settings, recorded in
+    the folder (RUN_FILE) when a run starts there afresh, so that the same run stopped before its first
+    checkpoint can start again. `own`: a folder this very run has already made (Hydra's output folder,
+    `hydra.run.dir`), which does not count as another run's. Raises RunFolderError."""
     run_dir = Path(config.default_local_dir)
     if config.overwrite and holds_something(run_dir, own):
         aside = set_aside(run_dir, own)
@@ -79,11 +85,43 @@ def claim(config: TrainerConfig, own: Path | None = None) -> None:
     if start is not None and start.resolve().parent == run_dir.resolve():
         remove_staging_leftovers(run_dir)
         return
+    if start is None and holds_something(run_dir, own) and same_run_before_a_checkpoint(run_dir, run_config):
+        clear(run_dir, own)
+        print(f"[ragen] {run_dir} holds this same run, stopped before its first checkpoint: starting it again",
+              flush=True)
     if holds_something(run_dir, own):
         doing = f"branching from {start}" if start is not None else "starting afresh"
         raise RunFolderError(f"{run_dir} already holds {contents(run_dir)}, and {doing} there would rewrite or delete "
                              "it: use another trainer.experiment_name, or trainer.overwrite=true to move it to "
                              f"{run_dir}.old-<time> first")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(json.dumps(run_config, sort_keys=True, default=str), encoding="utf-8")
+
+
+def same_run_before_a_checkpoint(run_dir: Path, run_config: dict) -> bool:
+    """Whether `run_dir` holds only what this same run (the same settings, RUN_FILE) wrote before it was stopped
+    short of its first checkpoint: its step-0 validation, records and pages, nothing worth keeping from it."""
+    finished = [p for p in run_dir.glob("global_step_*") if p.name.removeprefix("global_step_").isdigit()]
+    if finished or any(run_dir.glob(".global_step_*")):  # a first save cut short (global_step_N.tmp) saved nothing
+        return False
+    try:
+        recorded = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return recorded == json.loads(json.dumps(run_config, sort_keys=True, default=str))
+
+
+def clear(run_dir: Path, own: Path | None) -> None:
+    """Remove what `run_dir` holds, except `own` and the folders leading to it."""
+    own = own.resolve() if own is not None else None
+    for entry in run_dir.iterdir():
+        if own is not None and (entry.resolve() == own or (entry.is_dir() and own.is_relative_to(entry.resolve()))):
+            if entry.resolve() != own:
+                clear(entry, own)
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def holds_something(run_dir: Path, own: Path | None = None) -> bool:
