@@ -11,6 +11,7 @@ seeds from `trainer.seed` (the env-state manager) and needs no files.
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,9 +42,11 @@ def start_states(tag: str, spec: CustomEnvConfig, seeds: Sequence[int], split: s
 
 
 def write_parquet(table: pa.Table, path: Path) -> None:
-    """Written whole: a staging file renamed into place, so a killed run never leaves a file that looks complete."""
+    """Written whole: a staging file renamed into place, so a killed run never leaves a file that looks complete.
+    The staging file is the writer's own (its pid), so runs writing the same file at once (several seeds' warm
+    starts) each rename a complete one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".parquet.tmp")
+    staging = path.with_suffix(f".parquet.{os.getpid()}.tmp")
     pq.write_table(table, staging)
     staging.replace(path)
 

@@ -14,8 +14,9 @@ Writes to `--out` (default `results/<recipe>`):
 - `signals.png`: the echo-trap signals of each seed against the step (policy entropy, reward std over the
   batch and within groups, 4-gram repetition of the replies); results.md gives their early and late means.
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). With `--warm-start`, each seed's
-RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` (written to
-`runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted one starts over), so "before" in the
+RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` and each
+`--warm-start-override` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted
+one starts over), so "before" in the
 table is the warm start's validation and "after" the RL's, on the same start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
 that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint
@@ -25,6 +26,7 @@ so a reproduction longer than one sitting can be run in pieces. A different comm
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -47,10 +49,11 @@ def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides:
             "trainer.val_before_train=true", f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
 
 
-def warm_start(recipe: str, seed: int, folder: Path) -> Path:
-    """The seed's warm start (sft/warm_start.sh), made once: `warm_start.json` marks a finished one."""
+def warm_start(recipe: str, seed: int, folder: Path, overrides: list[str]) -> Path:
+    """The seed's warm start (sft/warm_start.sh with the SFT `overrides`), made once: `warm_start.json` marks a
+    finished one."""
     done = folder / "warm_start.json"
-    command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}"]
+    command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}", *overrides]
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the warm start in {folder}", flush=True)
         return folder
@@ -136,8 +139,6 @@ def signal_means(rows: list[dict], window: int = 5) -> dict[str, tuple[float, fl
 
 def provenance(recipe: str, overrides: list[str]) -> dict:
     """What the table's numbers were measured with: the model, the machine, the code and the day."""
-    import os
-
     import torch
 
     machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{len(os.sched_getaffinity(0))} CPU cores"
@@ -147,9 +148,13 @@ def provenance(recipe: str, overrides: list[str]) -> dict:
 
 def code_version() -> str:
     """The checkout's commit, `-dirty` when files differ from it: what a sitting of a run trains with."""
-    described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-    return described or "unknown (not a git checkout)"
+    try:
+        described = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
+                                   capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git on this machine
+        described = ""
+    # a copy of the tree without its .git (a cluster node, a GPU machine) is named by whoever copied it
+    return described or os.environ.get("RAGEN_CODE_VERSION") or "unknown (not a git checkout)"
 
 
 def validation_baselines(recipe: str, overrides: list[str]) -> dict[str, dict]:
@@ -187,7 +192,8 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
                       "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,  # sample std over seeds
                       "before_mean": statistics.mean(before)}
     return {"recipe": recipe, **provenance(recipe, args.overrides), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
-            "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
+            "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False),
+            "warm_start_overrides": getattr(args, "warm_start_overrides", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "code": {seed: run["code"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "baselines": baselines,
@@ -298,6 +304,9 @@ def main() -> None:
                         help="checkpoint every this many steps, so an interrupted run resumes (only the newest kept)")
     parser.add_argument("--warm-start", action="store_true",
                         help="start each seed's RL from its own sft/warm_start.sh model (made once per seed)")
+    parser.add_argument("--warm-start-override", action="append", default=[], metavar="KEY=VALUE",
+                        dest="warm_start_overrides", help="an override of the SFT trainer (config/sft.yaml) for "
+                        "every warm start, e.g. trainer.total_training_steps=200; repeat it for several")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
     out = (args.out or ROOT / "results" / args.recipe).resolve()
@@ -309,7 +318,7 @@ def main() -> None:
         run_dir = out / "runs" / f"seed_{seed}"
         seed_overrides = overrides
         if args.warm_start:
-            model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}")
+            model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}", args.warm_start_overrides)
             seed_overrides = [f"model_path={model}", *overrides]
         record = train(args.recipe, seed, run_dir, args, seed_overrides)
         wall = record["wall_time_s"]
