@@ -1,0 +1,148 @@
+"""Does a FrozenLake policy read the map? `python scripts/map_dependence.py <trajectories.jsonl> [--recipe R] [key=value ...]`.
+
+Reads greedy validation episodes (`ragen.eval`'s `trajectories.jsonl`, or a run's `rollouts/val/step_<N>.jsonl`),
+rebuilds each episode's map from its tag and seed (the recipe's config with the same overrides), and prints:
+- the policy's success against each constant move's exact success probability on the same maps (dynamic
+  programming over the slip probabilities, within the tag's action budget) and the oracle's (value iteration);
+- its success on the maps where the best constant move rarely reaches the goal (below `--blind-below`, 5 % by
+  default; on slippery ice almost no map is out of its reach altogether), against that move's and the oracle's
+  expected success on the same maps: a policy that does not read the map scores there what the move does;
+- how its first answers spread over the maps (a blind policy gives one answer everywhere), beside the oracle's;
+- how often its moves equal the oracle's at the cells it stood on.
+`--json PATH` also writes these figures.
+"""
+
+import argparse
+import collections
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
+
+from ragen.envs import make_env
+from ragen.envs.frozen_lake import ACTION_WORDS, FrozenLakeEnv, optimal_policy
+from ragen.overrides import load_config
+
+PLAYER_LINE = re.compile(r"Player: \((\d+), (\d+)\)")
+
+
+def success_probability(desc: np.ndarray, is_slippery: bool, policy: np.ndarray, budget: int) -> float:
+    """P(reaching the goal within `budget` actions from the start) following `policy` (an action id per cell)."""
+    rows = ["".join(row) for row in desc]
+    table = gym_frozen_lake.FrozenLakeEnv(desc=rows, is_slippery=is_slippery).P
+    reach = np.zeros(desc.size)  # reach[s]: success probability from s with the actions left
+    for _ in range(budget):  # one more action left each round
+        reach = np.array([sum(p * (1.0 if reward > 0 else 0.0 if done else reach[s2])
+                              for p, s2, reward, done in table[s][int(policy[s])]) for s in range(desc.size)])
+    start = int(np.flatnonzero(desc.reshape(-1) == "S")[0])
+    return float(reach[start])
+
+
+def player_cell(state: str, width: int) -> int | None:
+    """The flattened cell the player stands on, from a state text's `Player: (r, c)` line or its grid."""
+    match = PLAYER_LINE.search(state)
+    if match:
+        return int(match.group(1)) * width + int(match.group(2))
+    grid = [line.replace(" ", "") for line in state.splitlines() if len(line.replace(" ", "")) == width]
+    for r, line in enumerate(grid[-width:]):
+        for c, symbol in enumerate(line):
+            if symbol in "PX√":
+                return r * width + c
+    return None
+
+
+def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below: float = 0.05) -> dict:
+    cfg = load_config(recipe, overrides)
+    envs: dict[str, FrozenLakeEnv] = {}
+    maps, rows = {}, []
+    for record in records:
+        tag = record["tag"]
+        if tag not in envs:
+            spec = cfg.custom_envs[tag]
+            env = make_env(spec.env_type, dict(spec.env_config))
+            if not isinstance(env.unwrapped, FrozenLakeEnv):
+                raise SystemExit(f"{tag} is not a FrozenLake env: this script reads FrozenLake episodes only")
+            envs[tag] = env
+        env = envs[tag].unwrapped
+        env.reset(seed=record["seed"])
+        budget = cfg.custom_envs[tag].max_actions_per_traj
+        key = (tag, record["seed"])
+        if key not in maps:
+            desc = env.desc.copy()
+            oracle = optimal_policy(desc, env.config.is_slippery)
+            constant = {word: success_probability(desc, env.config.is_slippery, np.full(desc.size, a), budget)
+                        for a, word in enumerate(ACTION_WORDS)}
+            maps[key] = {"constant": constant, "oracle": success_probability(desc, env.config.is_slippery, oracle, budget),
+                         "oracle_first": ACTION_WORDS[oracle[int(np.flatnonzero(desc.reshape(-1) == "S")[0])]],
+                         "policy": oracle, "width": desc.shape[1]}
+        info = maps[key]
+        agree = total = 0
+        for turn in record["turns"]:
+            cell = player_cell(turn["state"], info["width"])
+            for action in turn["actions"][:1]:  # the move made from the state shown
+                if cell is not None and action in ACTION_WORDS:
+                    total += 1
+                    agree += action == ACTION_WORDS[info["policy"][cell]]
+        first = next((turn["actions"][0] for turn in record["turns"] if turn["actions"]), None)
+        rows.append({"key": key, "success": bool(record["success"]), "first": first, "agree": agree, "moves": total})
+
+    constant_means = {word: float(np.mean([maps[row["key"]]["constant"][word] for row in rows])) for word in ACTION_WORDS}
+    best = max(constant_means, key=constant_means.get)
+    blind = [row for row in rows if maps[row["key"]]["constant"][best] < blind_below]
+    firsts = collections.Counter(row["first"] for row in rows)
+    oracle_firsts = collections.Counter(maps[row["key"]]["oracle_first"] for row in rows)
+    moves = sum(row["moves"] for row in rows)
+    return {
+        "episodes": len(rows), "maps": len(maps), "policy_success": float(np.mean([row["success"] for row in rows])),
+        "constant_success": constant_means, "best_constant": best,
+        "oracle_success": float(np.mean([maps[row["key"]]["oracle"] for row in rows])),
+        "blind_below": blind_below, "episodes_best_constant_rarely_solves": len(blind),
+        "there": {"policy": float(np.mean([row["success"] for row in blind])),
+                  "best_constant": float(np.mean([maps[row["key"]]["constant"][best] for row in blind])),
+                  "oracle": float(np.mean([maps[row["key"]]["oracle"] for row in blind]))} if blind else None,
+        "first_answers": dict(firsts), "oracle_first_answers": dict(oracle_firsts),
+        "first_answer_not_the_commonest": 1 - firsts.most_common(1)[0][1] / len(rows),
+        "oracle_agreement": sum(row["agree"] for row in rows) / moves if moves else None,
+    }
+
+
+def report(figures: dict) -> str:
+    constant = ", ".join(f"{word} {share:.1%}" for word, share in figures["constant_success"].items())
+    there = figures["there"]
+    return "\n".join([
+        f"{figures['episodes']} episodes on {figures['maps']} maps",
+        f"policy success {figures['policy_success']:.1%}; oracle {figures['oracle_success']:.1%} (expected); "
+        f"constant moves (expected): {constant}",
+        f"episodes on maps where {figures['best_constant']} (the best constant move) succeeds below "
+        f"{figures['blind_below']:.0%}: {figures['episodes_best_constant_rarely_solves']}"
+        + ("" if there is None else f"; there the policy {there['policy']:.1%}, {figures['best_constant']} "
+           f"{there['best_constant']:.1%} and the oracle {there['oracle']:.1%} (expected)"),
+        f"first answers: {figures['first_answers']} (oracle: {figures['oracle_first_answers']}); "
+        f"{figures['first_answer_not_the_commonest']:.1%} of episodes open with another than the commonest",
+        "moves equal to the oracle's at the cell stood on: "
+        + ("-" if figures["oracle_agreement"] is None else f"{figures['oracle_agreement']:.1%}"),
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trajectories", type=Path, help="a JSONL file of episodes (ragen.eval, or rollouts/val)")
+    parser.add_argument("--recipe", default="frozen_lake", help="the recipe the episodes were played with")
+    parser.add_argument("--blind-below", type=float, default=0.05,
+                        help="maps where the best constant move's success probability is below this")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
+    args = parser.parse_args()
+    records = [json.loads(line) for line in args.trajectories.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not records:
+        raise SystemExit(f"{args.trajectories} holds no episodes")
+    figures = analyse(records, args.recipe, args.overrides, args.blind_below)
+    print(report(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
