@@ -15,7 +15,7 @@ Writes to `--out` (default `results/<recipe>`):
   batch and within groups, 4-gram repetition of the replies); results.md gives their early and late means.
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). With `--warm-start`, each seed's
 RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` and each
-`--warm-start-override` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted
+`--warm-start-arg` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted
 one starts over), so "before" in the
 table is the warm start's validation and "after" the RL's, on the same start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
@@ -49,11 +49,11 @@ def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides:
             "trainer.val_before_train=true", f"logging.log_image_dir={run_dir / 'trajectories'}", *overrides]
 
 
-def warm_start(recipe: str, seed: int, folder: Path, overrides: list[str]) -> Path:
-    """The seed's warm start (sft/warm_start.sh with the SFT `overrides`), made once: `warm_start.json` marks a
+def warm_start(recipe: str, seed: int, folder: Path, extra: list[str]) -> Path:
+    """The seed's warm start (sft/warm_start.sh with the `extra` arguments), made once: `warm_start.json` marks a
     finished one."""
     done = folder / "warm_start.json"
-    command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}", *overrides]
+    command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}", *extra]
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the warm start in {folder}", flush=True)
         return folder
@@ -193,7 +193,7 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
                       "before_mean": statistics.mean(before)}
     return {"recipe": recipe, **provenance(recipe, args.overrides), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False),
-            "warm_start_overrides": getattr(args, "warm_start_overrides", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
+            "warm_start_args": getattr(args, "warm_start_args", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "code": {seed: run["code"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "baselines": baselines,
@@ -304,9 +304,10 @@ def main() -> None:
                         help="checkpoint every this many steps, so an interrupted run resumes (only the newest kept)")
     parser.add_argument("--warm-start", action="store_true",
                         help="start each seed's RL from its own sft/warm_start.sh model (made once per seed)")
-    parser.add_argument("--warm-start-override", action="append", default=[], metavar="KEY=VALUE",
-                        dest="warm_start_overrides", help="an override of the SFT trainer (config/sft.yaml) for "
-                        "every warm start, e.g. trainer.total_training_steps=200; repeat it for several")
+    parser.add_argument("--warm-start-arg", action="append", default=[], metavar="ARG", dest="warm_start_args",
+                        help="an argument of sft/warm_start.sh for every warm start: a key=value of the SFT trainer "
+                        "(trainer.total_training_steps=200) or an option of its data (--warm-start-arg=--noise=0.2); "
+                        "repeat it for several")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
     out = (args.out or ROOT / "results" / args.recipe).resolve()
@@ -318,7 +319,7 @@ def main() -> None:
         run_dir = out / "runs" / f"seed_{seed}"
         seed_overrides = overrides
         if args.warm_start:
-            model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}", args.warm_start_overrides)
+            model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}", args.warm_start_args)
             seed_overrides = [f"model_path={model}", *overrides]
         record = train(args.recipe, seed, run_dir, args, seed_overrides)
         wall = record["wall_time_s"]

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The per-move expert warm start in one command: expert data with one move per sample, in the recipe's own reply
 # format (sft/generate_data.sh --per-move), then full fine-tuning on it (ragen/sft/trainer.py, lora.rank=0):
-#   bash sft/warm_start.sh <env> [output_dir] [key=value ...]
+#   bash sft/warm_start.sh <env> [output_dir] [--option=value ...] [key=value ...]
 # <env> is a recipe in config/ with one action per turn (sokoban); output_dir defaults to models/<env>-warm, which
 # `bash train.sh <env> model_path=<output_dir>` continues from with RL. Extra key=value arguments go to the SFT
-# trainer (config/sft.yaml), e.g. trainer.total_training_steps=200; NPROC=N runs N data-parallel ranks.
+# trainer (config/sft.yaml), e.g. trainer.total_training_steps=200; --option=value arguments go to the data
+# generation (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
+# expert data is kept in <output_dir>/data, so warm starts made side by side never share a file.
 # Defaults (measured on one H100 for Sokoban: 85.9 % of 128 unseen levels, 2 seeds; 75.0 % of 64 others, 3 seeds):
 # 2,000 expert episodes, 400 steps of 16 samples (under one epoch), lr 1e-4 on a cosine after 10 warm-up steps.
 set -euo pipefail
@@ -23,11 +25,17 @@ if [ $# -gt 0 ] && [[ $1 != *=* ]]; then
     OUTPUT=$1
     shift
 fi
-DATA=data/sft/${ENV_NAME}-per-move
+DATA=$OUTPUT/data
+DATA_OPTIONS=()
+TRAINER=()
+for arg in "$@"; do
+    if [[ $arg == --*=* ]]; then DATA_OPTIONS+=("$arg"); else TRAINER+=("$arg"); fi
+done
 cd "$(dirname "$0")/.."
-python -m ragen.sft.data --env "$ENV_NAME" --train-size 2000 --test-size 64 --per-move --output "$DATA"
+python -m ragen.sft.data --env "$ENV_NAME" --train-size 2000 --test-size 64 --per-move --output "$DATA" \
+    ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"}
 torchrun --standalone --nnodes=1 --nproc_per_node="${NPROC:-1}" -m ragen.sft.trainer env="$ENV_NAME" \
     trainer.default_local_dir="$OUTPUT" data.train_file="$DATA/train.parquet" data.test_file="$DATA/test.parquet" \
     lora.rank=0 optim.lr=1e-4 optim.lr_warmup_steps=10 trainer.total_training_steps=400 trainer.test_freq=100 \
-    trainer.micro_batch_size_per_gpu=8 eval.max_new_tokens=16 "$@"
+    trainer.micro_batch_size_per_gpu=8 eval.max_new_tokens=16 ${TRAINER[@]+"${TRAINER[@]}"}
 echo "warm start: $OUTPUT (continue with: bash train.sh $ENV_NAME model_path=$OUTPUT)"

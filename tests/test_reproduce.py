@@ -139,13 +139,15 @@ def test_a_warm_start_is_made_once_per_seed_and_reused(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
-    folder = reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2")
+    folder = reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", [])
     assert folder == tmp_path / "warm_seed_2" and len(calls) == 1
     assert calls[0][1].endswith("sft/warm_start.sh") and calls[0][2:] == ["sokoban", str(folder), "trainer.seed=2"]
-    reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2")  # finished: not made again
+    reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", [])  # finished: not made again
     assert len(calls) == 1
+    reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", ["--noise=0.2"])  # other arguments: made anew
+    assert len(calls) == 2 and calls[1][-2:] == ["trainer.seed=2", "--noise=0.2"]
 
     monkeypatch.setattr(reproduce.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, 1))
     with pytest.raises(SystemExit, match="warm start of seed 3 failed"):
-        reproduce.warm_start("sokoban", 3, tmp_path / "warm_seed_3")
+        reproduce.warm_start("sokoban", 3, tmp_path / "warm_seed_3", [])
     assert not (tmp_path / "warm_seed_3" / "warm_start.json").exists()  # the same command makes it again

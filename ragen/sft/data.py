@@ -13,7 +13,11 @@ turns in words (state, reply, actions, reward), and the seed that reproduces it.
 SFT samples) each turn holds one action and each row one move: the prompt exactly as the model saw it that
 turn (the system prompt and the last `agent_proxy.max_context_window` turns, the new state included), then the
 expert's reply, with the loss on that reply alone. Whole-episode rows let a model fit the expert by the turn
-number (turn k of every episode looks alike); per-move rows carry the state the move must be read from. Train and test seeds never
+number (turn k of every episode looks alike); per-move rows carry the state the move must be read from. With
+`--noise P` (per-move only; DART, Laskey et al. 2017) each turn plays a random move instead of the expert's with
+probability P, and that move is no sample: the expert's replies from the states it leads to are, so the data
+holds states off the expert's path (after a wrong push, beside a wall) and the way back from them. A state the
+oracle cannot solve any more (a box pushed into a corner) gives no samples. Train and test seeds never
 overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records
 the recipe and a fingerprint of the tokenizer; the SFT trainer refuses data made with another tokenizer.
 
@@ -52,41 +56,45 @@ class ExpertPolicy:
     """
 
     def __init__(self, env_manager: EnvStateManager, tokenizer, config: AgentProxyConfig, seed: int = 0,
-                 describe_state: bool = False):
+                 describe_state: bool = False, noise: float = 0.0):
         self.env_manager, self.tokenizer, self.config = env_manager, tokenizer, config
         self.describe_state = describe_state  # the thought first says where things are (the env's describe())
+        self.noise = noise  # the chance that a turn plays a random move instead of the expert's
         self.rng = np.random.default_rng([seed, 2])
-        self.moves: dict[int, list[tuple[list[int], list[int]]]] = {}  # env id -> (prompt ids, reply ids) per turn
+        # env id -> (prompt ids, reply ids, the oracle's own reply?) per turn
+        self.moves: dict[int, list[tuple[list[int], list[int], bool]]] = {}
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         active = [state for state in self.env_manager.states if not state.done]
         assert len(active) == len(prompts), "the prompts are those of the unfinished environments, in order"
         replies = [self.reply(state) for state in active]
         # the prompt already ends with the forced opening tag; the reply continues after it, like a sampled one
-        ids = [self.tokenizer.encode(reply, add_special_tokens=False) for reply in replies]
-        for state, prompt, reply_ids in zip(active, prompts.non_tensor_batch["prompt_ids"], ids):
-            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids))
+        ids = [self.tokenizer.encode(text, add_special_tokens=False) for text, _ in replies]
+        for state, prompt, reply_ids, (_, expert) in zip(active, prompts.non_tensor_batch["prompt_ids"], ids, replies):
+            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids, expert))
         # written, not sampled: no rollout log-probs (the SFT data keeps only the text)
         return DataProto(non_tensor_batch={"response_ids": ids, "response_log_probs": [[0.0] * len(r) for r in ids]})
 
-    def reply(self, state: EnvState) -> str:
-        """The oracle's next actions (as many as one turn may hold), or a random one where it has no plan."""
+    def reply(self, state: EnvState) -> tuple[str, bool]:
+        """(the reply, whether it is the oracle's): its next actions (as many as one turn may hold), or a random
+        one where it has no plan or the turn is a noisy one."""
         env = state.env.unwrapped
         if type(env) not in ORACLE_PLANS:
             raise ValueError(f"no oracle for {type(env).__name__} (env tag {state.tag!r}); add its planner to "
                              "ragen.envs.baselines.ORACLE_PLANS to generate SFT data for it")
-        plan = ORACLE_PLANS[type(env)](env)
-        actions = plan[:min(self.config.max_actions_per_turn, state.actions_left)] or [env.sample_action(self.rng)]
+        plan = ORACLE_PLANS[type(env)](env)[:min(self.config.max_actions_per_turn, state.actions_left)]
+        expert = bool(plan) and not (self.noise and self.rng.random() < self.noise)
+        actions = plan if expert else [env.sample_action(self.rng)]
         answer = f"{f' {self.config.action_sep} '.join(actions)}</answer>"
         if not self.config.enable_think:  # the prompt already opened <answer>
-            return answer
+            return answer, expert
         thought = f"The best next action{'s are' if len(actions) > 1 else ' is'} {', '.join(actions)}."
         if self.describe_state:
             if not hasattr(env, "describe"):
                 raise ValueError(f"--describe-state needs a describe() method on {type(env).__name__} "
                                  f"(env tag {state.tag!r}), which says where things are in words")
             thought = f"{env.describe()} {thought}"
-        return f"{thought}</think><answer>{answer}"
+        return f"{thought}</think><answer>{answer}", expert
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -97,9 +105,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False,
-                    per_move: bool = False) -> pa.Table:
+                    per_move: bool = False, noise: float = 0.0) -> pa.Table:
     """One row per seed: the oracle's episode from that start state, as the RL loop records it; with
-    `per_move`, one row per move instead (its prompt as the model saw it, the reply, the loss on the reply)."""
+    `per_move`, one row per move instead (its prompt as the model saw it, the reply, the loss on the reply), the
+    moves of a turn made random (with probability `noise`) left out."""
+    if not 0.0 <= noise < 1.0:
+        raise ValueError(f"--noise {noise} must be in [0, 1)")
+    if noise and not per_move:
+        raise ValueError("--noise needs --per-move: a whole-episode row would teach its random moves too")
     if describe_state and not cfg.agent_proxy.enable_think:
         raise ValueError("--describe-state writes the description into the thought: it needs "
                          "agent_proxy.enable_think=true")
@@ -129,21 +142,23 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
         cfg.trainer.seed = start
         agent = make_agent(cfg, "train", None, tokenizer)
         expert = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
-                              describe_state=describe_state)
+                              describe_state=describe_state, noise=noise)
         agent.actor_rollout_wg = expert
         rollout = agent.rollout(step=0)
         lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
         for i, record in enumerate(rollout.records):
             if per_move:  # the loop plays env i's turns in order, so its k-th move answered turn k
-                for (prompt, reply), turn in zip(expert.moves[record["env_id"]], record["turns"]):
-                    add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn])
+                for (prompt, reply, oracle), turn in zip(expert.moves[record["env_id"]], record["turns"]):
+                    if oracle:
+                        add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn])
                 continue
             ids = rollout.batch.batch["input_ids"][i, :lengths[i]].tolist()
             add_row(record, ids, rollout.batch.batch["loss_mask"][i, :lengths[i]].to(int).tolist(), record["turns"])
     table = pa.table(columns)
     metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
                 "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags)),
-                "ragen.describe_state": json.dumps(describe_state), "ragen.per_move": json.dumps(per_move)}
+                "ragen.describe_state": json.dumps(describe_state), "ragen.per_move": json.dumps(per_move),
+                "ragen.noise": json.dumps(noise)}
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
 
 
@@ -161,10 +176,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--per-move", action="store_true",
                         help="one row per move (RAGEN V1's samples): the prompt as the model saw it that turn, then "
                              "the expert's one-action reply; needs agent_proxy.max_actions_per_turn=1")
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="with --per-move: the chance that a turn plays a random move (not a sample), so that "
+                             "the expert's replies from states off its path are samples too (DART)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. agent_proxy.max_turn=3")
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 0:
         parser.error("--train-size must be >= 1 and --test-size >= 0")
+    if not 0.0 <= args.noise < 1.0 or (args.noise and not args.per_move):
+        parser.error("--noise must be in [0, 1) and needs --per-move (a whole-episode row would teach the random moves)")
     recipes = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("base", "sft"))
     if args.env not in recipes:
         parser.error(f"unknown recipe {args.env!r}; the recipes in config/ are {recipes}")
@@ -181,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         start = time.perf_counter()
         table = expert_episodes(load_config(args.env, args.overrides), seeds, split, args.describe_state,
-                                args.per_move)
+                                args.per_move, args.noise)
         write_parquet(table, output / f"{split}.parquet")
         episodes = {seed: ok for seed, ok in zip(table.column("seed").to_pylist(), table.column("success").to_pylist())}
         tokens = sum(len(ids) for ids in table.column("input_ids").to_pylist())

@@ -134,6 +134,35 @@ def test_per_move_rows_are_the_prompts_the_model_saw(window, bundled_model_path,
                         per_move=True)
 
 
+def test_noisy_turns_are_played_but_not_samples(bundled_model_path):
+    """--noise: a random move now and then; the rows are the oracle's replies from wherever the player stands."""
+    from ragen.envs.frozen_lake import oracle_action
+
+    overrides = ["es_manager.train.env_configs.tags=[CoordFrozenLake]", "agent_proxy.max_actions_per_turn=1",
+                 "agent_proxy.max_turn=20", "agent_proxy.max_context_window=1"]
+    cfg = load_config("frozen_lake", overrides)
+    seeds = range(300, 316)
+    clean = expert_episodes(cfg, seeds, "train", per_move=True)
+    noisy = expert_episodes(cfg, seeds, "train", per_move=True, noise=0.5)
+    assert json.loads(noisy.schema.metadata[b"ragen.noise"]) == 0.5
+    spec = cfg.custom_envs["CoordFrozenLake"]
+    env = make_env(spec.env_type, dict(spec.env_config)).unwrapped
+    for row in noisy.to_pylist():
+        (turn,) = json.loads(row["turns"])
+        env.reset(seed=row["seed"])  # the map; then stand where the state says the player is
+        row_col = turn["state"].split("Player: (")[1].split(")")[0]
+        env.lake.s = int(row_col.split(", ")[0]) * env.desc.shape[1] + int(row_col.split(", ")[1])
+        # every sample is the oracle's move from its state (a random move would match one time in four)
+        assert turn["actions"] == [oracle_action(env)]
+    off_path = {json.loads(r["turns"])[0]["state"] for r in noisy.to_pylist()} - \
+        {json.loads(r["turns"])[0]["state"] for r in clean.to_pylist()}
+    assert len(off_path) >= 10  # states the expert alone never visits
+    with pytest.raises(ValueError, match="needs --per-move"):
+        expert_episodes(cfg, seeds, "train", noise=0.2)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        expert_episodes(cfg, seeds, "train", per_move=True, noise=1.0)
+
+
 @pytest.mark.parametrize("recipe", ["sokoban", "frozen_lake", "bandit", "countdown"])
 def test_every_recipe_with_an_oracle_gets_well_formed_data(recipe, bundled_model_path, tokenizer):
     rows = expert_episodes(load_config(recipe), range(0, 3), "test").to_pylist()
@@ -156,6 +185,21 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
     with pytest.raises(SystemExit):
         generate_main(["--env", "sokobn"])
     assert "unknown recipe 'sokobn'" in capsys.readouterr().err
+
+
+def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
+    """sft/warm_start.sh: --option=value to ragen.sft.data, key=value to the trainer, the data kept in the output."""
+    out = tmp_path / "warm"
+    done = subprocess.run(["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), "--noise=0.3",
+                           "--train-size=6", "--test-size=2", f"model.path={tiny_model_path}",
+                           "trainer.total_training_steps=1", "eval.max_turns=0"],
+                          capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    train = pq.read_table(out / "data" / "train.parquet")
+    assert json.loads(train.schema.metadata[b"ragen.noise"]) == 0.3
+    assert sorted(set(train.column("seed").to_pylist())) <= list(range(6))
+    assert (out / "model.safetensors").is_file() and (out / "sft_state.json").is_file()
+    assert json.loads((out / "sft_state.json").read_text())["step"] == 1
 
 
 def test_data_for_another_tokenizer_is_refused(tmp_path, bundled_model_path, tokenizer):

@@ -1,3 +1,4 @@
+# Ran at commit 9cf5df9 (its option --warm-start-override is --warm-start-arg since).
 # device call 2 (from the repo root): join the GGUF; GPU tests beside; 3 seeds of the Sokoban warm start + RL
 # at 8 x 16 at once on the one GPU (scripts/reproduce.py --warm-start), then the 3-seed table
 set -u
