@@ -16,12 +16,15 @@ Writes to `--out` (default `results/<recipe>`):
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). With `--warm-start`, each seed's
 RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` and each
 `--warm-start-arg` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted
-one starts over), so "before" in the
-table is the warm start's validation and "after" the RL's, on the same start states. A seed whose run already
+one starts over), so "before" in the table is the warm start's validation and "after" the RL's, on the same
+start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
 that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint
 (written every `--save-freq` steps, only the newest kept) and replays exactly what an uninterrupted run does,
 so a reproduction longer than one sitting can be run in pieces. A different command starts the seed anew.
+Seeds may run at once in separate processes (`--seeds 1`, `--seeds 2`, ... with the same `--out` and
+arguments; each trains only its own seed, and its table of that seed alone is replaced later), after which
+`--seeds 1 2 ...` reads them back and writes the table of all.
 """
 
 import argparse
