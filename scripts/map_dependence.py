@@ -19,8 +19,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
-
 from ragen.envs import make_env
 from ragen.envs.frozen_lake import ACTION_WORDS, FrozenLakeEnv, optimal_policy
 from ragen.overrides import load_config
@@ -28,15 +26,13 @@ from ragen.overrides import load_config
 PLAYER_LINE = re.compile(r"Player: \((\d+), (\d+)\)")
 
 
-def success_probability(desc: np.ndarray, is_slippery: bool, policy: np.ndarray, budget: int) -> float:
-    """P(reaching the goal within `budget` actions from the start) following `policy` (an action id per cell)."""
-    rows = ["".join(row) for row in desc]
-    table = gym_frozen_lake.FrozenLakeEnv(desc=rows, is_slippery=is_slippery).P
-    reach = np.zeros(desc.size)  # reach[s]: success probability from s with the actions left
+def success_probability(table: dict, start: int, policy: np.ndarray, budget: int) -> float:
+    """P(reaching the goal within `budget` actions from cell `start`) following `policy` (an action id per cell),
+    on gymnasium's transition `table` of a map (`FrozenLakeEnv.lake.P`)."""
+    reach = np.zeros(len(table))  # reach[s]: success probability from s with the actions left
     for _ in range(budget):  # one more action left each round
         reach = np.array([sum(p * (1.0 if reward > 0 else 0.0 if done else reach[s2])
-                              for p, s2, reward, done in table[s][int(policy[s])]) for s in range(desc.size)])
-    start = int(np.flatnonzero(desc.reshape(-1) == "S")[0])
+                              for p, s2, reward, done in table[s][int(policy[s])]) for s in range(len(table))])
     return float(reach[start])
 
 
@@ -69,14 +65,13 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
         env.reset(seed=record["seed"])
         budget = cfg.custom_envs[tag].max_actions_per_traj
         key = (tag, record["seed"])
-        if key not in maps:
-            desc = env.desc.copy()
-            oracle = optimal_policy(desc, env.config.is_slippery)
-            constant = {word: success_probability(desc, env.config.is_slippery, np.full(desc.size, a), budget)
+        if key not in maps:  # the map's exact odds, on the transition table the env steps with
+            table, start = env.lake.P, int(env.lake.s)  # just reset: the player is on the start
+            oracle = optimal_policy(env.desc, env.config.is_slippery)
+            constant = {word: success_probability(table, start, np.full(env.desc.size, a), budget)
                         for a, word in enumerate(ACTION_WORDS)}
-            maps[key] = {"constant": constant, "oracle": success_probability(desc, env.config.is_slippery, oracle, budget),
-                         "oracle_first": ACTION_WORDS[oracle[int(np.flatnonzero(desc.reshape(-1) == "S")[0])]],
-                         "policy": oracle, "width": desc.shape[1]}
+            maps[key] = {"constant": constant, "oracle": success_probability(table, start, oracle, budget),
+                         "oracle_first": ACTION_WORDS[oracle[start]], "policy": oracle, "width": env.desc.shape[1]}
         info = maps[key]
         agree = total = 0
         for turn in record["turns"]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
 from ragen.envs import make_env
 from ragen.envs.baselines import ConstantAgent, OracleAgent, evaluate
@@ -43,13 +44,14 @@ def play(agent, seeds: range) -> list[dict]:
 
 
 def test_exact_odds_match_play_and_a_deterministic_map():
-    desc = np.array([list(row) for row in ["SFFF", "FHFH", "FFFH", "HFFG"]])
-    down = np.full(desc.size, 1)  # gymnasium's Down
+    rows = ["SFFF", "FHFH", "FFFH", "HFFG"]
+    table = gym_frozen_lake.FrozenLakeEnv(desc=rows, is_slippery=False).P
+    down = np.full(16, 1)  # gymnasium's Down
     # without slips Down walks into the hole at (3, 0); Right then Down is the only way, never a constant move
-    assert map_dependence.success_probability(desc, False, down, 20) == 0.0
-    oracle = map_dependence.optimal_policy(desc, False)
-    assert map_dependence.success_probability(desc, False, oracle, 6) == 1.0
-    assert map_dependence.success_probability(desc, False, oracle, 5) == 0.0  # six moves are needed
+    assert map_dependence.success_probability(table, 0, down, 20) == 0.0
+    oracle = map_dependence.optimal_policy(rows, False)
+    assert map_dependence.success_probability(table, 0, oracle, 6) == 1.0
+    assert map_dependence.success_probability(table, 0, oracle, 5) == 0.0  # six moves are needed
 
     # on slippery maps: the expected success of pressing Down, against 600 played episodes
     seeds = range(500, 1100)
