@@ -6,7 +6,8 @@
 # `bash train.sh <env> model_path=<output_dir>` continues from with RL. Extra key=value arguments go to the SFT
 # trainer (config/sft.yaml), e.g. trainer.total_training_steps=200; --option=value arguments go to the data
 # generation (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
-# expert data is kept in <output_dir>/data, so warm starts made side by side never share a file.
+# expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
+# the same data options reuses it.
 # Defaults (measured on one H100 for Sokoban: 85.9 % of 128 unseen levels, 2 seeds; 75.0 % of 64 others, 3 seeds):
 # 2,000 expert episodes, 400 steps of 16 samples (under one epoch), lr 1e-4 on a cosine after 10 warm-up steps.
 set -euo pipefail
@@ -32,8 +33,15 @@ for arg in "$@"; do
     if [[ $arg == --*=* ]]; then DATA_OPTIONS+=("$arg"); else TRAINER+=("$arg"); fi
 done
 cd "$(dirname "$0")/.."
-python -m ragen.sft.data --env "$ENV_NAME" --train-size 2000 --test-size 64 --per-move --output "$DATA" \
-    ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"}
+DATA_ARGS=(--env "$ENV_NAME" --train-size 2000 --test-size 64 --per-move --output "$DATA" \
+    ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"})
+if [ "$(cat "$DATA/command.txt" 2>/dev/null)" == "$(printf '%q ' "${DATA_ARGS[@]}")" ]; then  # an earlier sitting's
+    echo "warm start: reusing the expert data in $DATA"
+else
+    rm -f "$DATA/command.txt"
+    python -m ragen.sft.data "${DATA_ARGS[@]}"
+    printf '%q ' "${DATA_ARGS[@]}" > "$DATA/command.txt"
+fi
 torchrun --standalone --nnodes=1 --nproc_per_node="${NPROC:-1}" -m ragen.sft.trainer env="$ENV_NAME" \
     trainer.default_local_dir="$OUTPUT" data.train_file="$DATA/train.parquet" data.test_file="$DATA/test.parquet" \
     lora.rank=0 optim.lr=1e-4 optim.lr_warmup_steps=10 trainer.total_training_steps=400 trainer.test_freq=100 \

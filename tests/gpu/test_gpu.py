@@ -9,9 +9,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.verl.workers.test_actor_critic import actor_config, make_batch
+from tests.verl.workers.test_rollout_engines import ENGINES, play
 from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
 from verl.utils.model import attention_implementation
 from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.rollout import SamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -74,3 +76,14 @@ def test_sft_on_one_gpu_lowers_the_loss(tiny_model_path, tmp_path):
                     "4", "--output", str(data)], check=True, capture_output=True)
     metrics = finetune(data, tiny_model_path, tmp_path / "adapter", 1)
     assert metrics[-1]["val/loss"] < metrics[0]["val/loss"] - 0.05
+
+
+def test_decode_loop_gives_generates_tokens_on_cuda(tiny_model_path, tokenizer):
+    """The torch decode loop against HF generate on the GPU, greedy, fp32: token for token over a multi-turn
+    rollout with prefix reuse (the CPU test of the same name covers the bundled model too)."""
+    sampling = SamplingParams(temperature=0, max_new_tokens=16, stop=["k"])
+    runs = [play(cls(tiny_model_path, tokenizer, "float32", torch.device("cuda")), tokenizer, sampling)
+            for cls in ENGINES]
+    (hf_responses, _, _), (responses, _, reused) = runs
+    assert responses == hf_responses
+    assert reused[0] == 0 and all(n > 0 for n in reused[1:])

@@ -188,18 +188,27 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
 
 
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
-    """sft/warm_start.sh: --option=value to ragen.sft.data, key=value to the trainer, the data kept in the output."""
+    """sft/warm_start.sh: --option=value to ragen.sft.data, key=value to the trainer, the data kept in the output
+    and reused by a call with the same data options, made anew for other ones."""
     out = tmp_path / "warm"
-    done = subprocess.run(["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), "--noise=0.3",
-                           "--train-size=6", "--test-size=2", f"model.path={tiny_model_path}",
-                           "trainer.total_training_steps=1", "eval.max_turns=0"],
-                          capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
+
+    def warm_start(*data_options):
+        done = subprocess.run(["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), *data_options,
+                               "--test-size=2", f"model.path={tiny_model_path}", "trainer.total_training_steps=1",
+                               "eval.max_turns=0"],
+                              capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return "reusing the expert data" in done.stdout
+
+    assert not warm_start("--noise=0.3", "--train-size=6")
+    assert warm_start("--noise=0.3", "--train-size=6")  # a second sitting with the same data options
     train = pq.read_table(out / "data" / "train.parquet")
     assert json.loads(train.schema.metadata[b"ragen.noise"]) == 0.3
     assert sorted(set(train.column("seed").to_pylist())) <= list(range(6))
     assert (out / "model.safetensors").is_file() and (out / "sft_state.json").is_file()
     assert json.loads((out / "sft_state.json").read_text())["step"] == 1
+    assert not warm_start("--noise=0.3", "--train-size=4")
+    assert pq.read_table(out / "data" / "train.parquet").num_rows < train.num_rows
 
 
 def test_data_for_another_tokenizer_is_refused(tmp_path, bundled_model_path, tokenizer):
