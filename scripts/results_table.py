@@ -7,7 +7,9 @@ A reproduction is published by copying what `scripts/reproduce.py` wrote into `p
 (`results.json`, and `curve.png` for the figure); `<name>` is the recipe, or the recipe and a variant
 (`sokoban_warm_start`). Each validation tag of each `results.json` is one row: the untrained model and the
 trained one on the runs' validation start states, the reference agents on those same states (one episode
-each, as the policy), RAGEN's published number, and how the row was measured. A recipe of train.sh with no
+each, as the policy), RAGEN's published number, and how the row was measured. A reproduction made with
+`--warm-start` starts from each seed's warm start, so its "untrained" column holds the warm starts' scores
+and its row says so. A recipe of train.sh with no
 published reproduction gets a row that says so. The tables sit between the markers below; the rest of each
 file is left as it is, and tests/test_docs.py fails when a table is stale.
 """
@@ -46,8 +48,11 @@ def measured_row(name: str, tag: str, result: dict, details: str) -> str:
     before = ", ".join(sorted({percent(v) for v in row["before"]}))
     constant = f"{percent(base['constant'][1])} ({base['constant'][0]})" if base["constant"] else "—"
     oracle = "—" if base["oracle"] is None else percent(base["oracle"])
-    steps = sorted(set(result["steps"].values()))
-    how = (f"`{name}`: {len(seeds)} seeds, {'/'.join(map(str, steps))} steps, {result['val_groups']} states from "
+    steps = "/".join(map(str, sorted(set(result["steps"].values()))))
+    # with --warm-start, "before" is each seed's warm start (sft/warm_start.sh), not the untrained model
+    runs = f"warm start ({' '.join(result['warm_start_args']) or 'defaults'}) + RL, {steps} steps" \
+        if result.get("warm_start") else f"{steps} steps"
+    how = (f"`{name}`: {len(seeds)} seeds, {runs}, {result['val_groups']} states from "
            f"seed {result['val_seed']}; {result['model'].rsplit('/', 1)[-1]}, {result['machine']}, "
            f"{result['date']} ([details]({details}))")
     return (f"| {tag} | {before} → {trained} ({per_seed}) | {percent(base['random'])} | {constant} | {oracle} | "

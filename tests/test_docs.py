@@ -142,6 +142,15 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
             "`bandit`: 3 seeds, 20 steps, 64 states from seed 83000000; SmolLM2-135M-Instruct, 2 CPU cores, "
             "2026-11-26 ([details](#results)) |") in text
     assert "| `countdown` | no published reproduction yet" in text and "| `bandit` | no published" not in text
+    (tmp_path / "sokoban_warm_start").mkdir()
+    warm = summary | {"recipe": "sokoban", "warm_start": True, "warm_start_args": ["--train-size=8000"],
+                      "steps": {"1": 1, "2": 1, "3": 1}}
+    (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(warm))
+    text = module.table(module.load_results(tmp_path), "#results")
+    assert "`sokoban_warm_start`: 3 seeds, warm start (--train-size=8000) + RL, 1 steps, 64 states" in text
+    assert "| `sokoban` | no published" not in text
+    (tmp_path / "sokoban_warm_start" / "results.json").unlink()
+    text = module.table(module.load_results(tmp_path), "#results")
 
     page = tmp_path / "page.md"
     page.write_text(f"intro\n{module.BEGIN}\n{text}\n{module.END}\nrest\n")
