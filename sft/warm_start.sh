@@ -4,8 +4,10 @@
 #   bash sft/warm_start.sh <env> [output_dir] [--option=value ...] [key=value ...]
 # <env> is a recipe in config/ with one action per turn (sokoban); output_dir defaults to models/<env>-warm, which
 # `bash train.sh <env> model_path=<output_dir>` continues from with RL. Extra key=value arguments go to the SFT
-# trainer (config/sft.yaml), e.g. trainer.total_training_steps=200; --option=value arguments go to the data
-# generation (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
+# trainer (config/sft.yaml), e.g. trainer.total_training_steps=200, except overrides of the recipe's environments
+# and agent (es_manager.*, agent_proxy.*, custom_envs.*), which go to the data generation, so that the expert plays
+# the board as RL will show it (give RL the same ones); --option=value arguments go to the data generation
+# (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
 # expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
 # the same data options reuses it.
 # Defaults (measured for Sokoban on one H100, greedy on 64 levels from 91,000,000 that no run used, 3 seeds):
@@ -19,7 +21,7 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usag
     exit 0
 fi
 if [ $# -lt 1 ]; then
-    echo "usage: bash sft/warm_start.sh <env> [output_dir] [key=value ...]" >&2
+    echo "usage: bash sft/warm_start.sh <env> [output_dir] [--option=value ...] [key=value ...]" >&2
     exit 2
 fi
 ENV_NAME=$1
@@ -31,13 +33,18 @@ if [ $# -gt 0 ] && [[ $1 != *=* ]]; then
 fi
 DATA=$OUTPUT/data
 DATA_OPTIONS=()
+RECIPE=()
 TRAINER=()
 for arg in "$@"; do
-    if [[ $arg == --*=* ]]; then DATA_OPTIONS+=("$arg"); else TRAINER+=("$arg"); fi
+    case $arg in
+        --*=*) DATA_OPTIONS+=("$arg") ;;
+        es_manager.*=* | agent_proxy.*=* | custom_envs.*=* | +custom_envs.*=*) RECIPE+=("$arg") ;;
+        *) TRAINER+=("$arg") ;;
+    esac
 done
 cd "$(dirname "$0")/.."
 DATA_ARGS=(--env "$ENV_NAME" --train-size 8000 --test-size 64 --per-move --output "$DATA" \
-    ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"})
+    ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"} ${RECIPE[@]+"${RECIPE[@]}"})
 if [ "$(cat "$DATA/command.txt" 2>/dev/null)" == "$(printf '%q ' "${DATA_ARGS[@]}")" ]; then  # an earlier sitting's
     echo "warm start: reusing the expert data in $DATA"
 else

@@ -188,8 +188,8 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
 
 
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
-    """sft/warm_start.sh: --option=value to ragen.sft.data, key=value to the trainer, the data kept in the output
-    and reused by a call with the same data options, made anew for other ones."""
+    """sft/warm_start.sh: --option=value and the recipe's env/agent keys to ragen.sft.data, other key=value to the
+    trainer, the data kept in the output and reused by a call with the same data options, made anew for others."""
     out = tmp_path / "warm"
 
     def warm_start(*data_options):
@@ -208,8 +208,12 @@ def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, 
     assert sorted(set(train.column("seed").to_pylist())) <= list(range(6))
     assert (out / "model.safetensors").is_file() and (out / "sft_state.json").is_file()
     assert json.loads((out / "sft_state.json").read_text())["step"] == 1
-    assert not warm_start("--noise=0.3", "--train-size=4")
-    assert pq.read_table(out / "data" / "train.parquet").num_rows < train.num_rows
+    assert "Board size" in train.column("text")[0].as_py()
+    # other data options: made anew; the recipe's env and agent keys go to the data, so that the expert plays the
+    # board as RL will show it
+    assert not warm_start("--train-size=4", "custom_envs.CoordSokoban.env_config.observation_format=grid")
+    other = pq.read_table(out / "data" / "train.parquet")
+    assert other.num_rows < train.num_rows and "Board size" not in other.column("text")[0].as_py()
 
 
 def test_data_for_another_tokenizer_is_refused(tmp_path, bundled_model_path, tokenizer):
