@@ -176,7 +176,8 @@ def test_spawned_servers_die_with_the_run_even_when_it_is_killed(tmp_path):
     """A normal exit, an exception and Ctrl-C stop them (atexit); SIGKILL leaves no atexit to run: the servers go
     because the kernel tells them (PR_SET_PDEATHSIG)."""
     script = textwrap.dedent("""
-        import json, sys, time
+        import json, signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even where started with SIGINT ignored
         from ragen.config import EnvServerConfig
         from ragen.envs import remote
         env = remote.make_remote_env(EnvServerConfig(spawn=True, workers=2), "sokoban", {})
