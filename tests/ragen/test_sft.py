@@ -195,8 +195,7 @@ def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, 
     def warm_start(*data_options):
         done = subprocess.run(["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), *data_options,
                                "--test-size=2", f"model.path={tiny_model_path}", "trainer.total_training_steps=1",
-                               "trainer.train_batch_size=8",
-                               "eval.max_turns=0"],
+                               "trainer.train_batch_size=8", "eval.max_turns=0"],
                               capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
         return "reusing the expert data" in done.stdout
