@@ -18,6 +18,7 @@ import numpy as np
 from ragen.config import AgentProxyConfig
 from ragen.context_manager import ContextManager, Trajectory, reply_spans, token_pieces
 from ragen.env_state_manager import EnvState, EnvStateManager
+from ragen.world_model_reward import turn_credits
 from verl.protocol import DataProto
 from verl.utils.tracking import progress
 from verl.workers.rollout import SamplingParams
@@ -47,6 +48,9 @@ class AgentProxy:
         trajectories = [self.context.start(s.tag, s.obs, s.actions_left) for s in states]
         records = [trajectory_record(s, step, self.split) for s in states]
         self._check_first_prompts(states, trajectories)
+        world = self.config.world_model_reward
+        scored = world.observation != 0 or world.prediction != 0  # VAGEN's reward for the written states
+        world_credits, world_rewards = [], np.zeros(len(states))
         for turn in progress(range(self.config.max_turn), desc=f"{self.split} rollout turns", leave=False):
             active = [s for s in states if not s.done]
             if not active:
@@ -70,13 +74,21 @@ class AgentProxy:
                 trajectory = trajectories[state.env_id]
                 penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
                 reward = record.reward + (self.format_penalty if penalised else 0.0)
+                world_model = {}
+                if scored:  # state.obs is now the state after the turn's actions
+                    world_model = turn_credits(reply, shown, state.obs, world.credit)
+                    bonus = world.observation * world_model["observation"] + world.prediction * world_model["prediction"]
+                    world_credits.append(world_model)
+                    world_rewards[state.env_id] += bonus
+                    reward += bonus
+                    world_model = {"world_model": world_model | {"reward": bonus}}
                 trajectory.turn_rewards.append(reward)
                 trajectory.turn_states.append(shown)
                 trajectory.format_ok.append(parsed.format_ok)
                 records[state.env_id]["turns"].append({
                     "state": shown, "response": reply, "format_ok": parsed.format_ok, "actions": record.actions,
                     "action_valid": record.valid, "action_effective": record.effective, "reward": reward,
-                    "done": state.done})
+                    "done": state.done} | world_model)
                 if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
                         trajectory, state.obs, reward, state.actions_left, self.sampling.max_new_tokens):
                     state.done = state.context_truncated = True
@@ -91,6 +103,8 @@ class AgentProxy:
         batch = self.context.to_batch(trajectories, [s.group_id for s in states], [s.tag for s in states])
         batch = batch.union(DataProto(non_tensor_batch={"env_failed": np.array([s.error is not None for s in states])}))
         metrics = rollout_metrics(states, trajectories, batch, self.split) | self.env_manager.end_rollout()
+        if scored:
+            metrics |= world_model_metrics(world_credits, world_rewards, batch, self.split)
         return Rollout(batch, metrics, records)
 
     def _check_first_prompts(self, states: list[EnvState], trajectories: list[Trajectory]) -> None:
@@ -143,6 +157,18 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
         }
         metrics |= {f"{tag_prefix}/{tag}/{k}": v for k, v in pass_at_k([s for s, _ in group]).items()}
     return metrics
+
+
+def world_model_metrics(credits: list[dict[str, float]], world_rewards: np.ndarray, batch: DataProto,
+                        split: str) -> dict[str, float]:
+    """The world-model reward apart from the task's: the mean credit of each span over the turns, the mean
+    world-model reward of a trajectory, and the task reward (the environment's and the format penalty) alone."""
+    prefix = "rollout" if split == "train" else "val"
+    total = batch.batch["trajectory_rewards"].numpy()
+    return {f"{prefix}/world_model/{kind}_credit": float(np.mean([c[kind] for c in credits])) if credits else 0.0
+            for kind in ("observation", "prediction")} | {
+        f"{prefix}/world_model/reward_mean": float(world_rewards.mean()),
+        f"{prefix}/task_reward_mean": float((total - world_rewards).mean())}
 
 
 def replies(trajectory: Trajectory) -> list[list[int]]:

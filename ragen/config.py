@@ -107,6 +107,15 @@ class RewardNormalizationConfig:
 
 
 @dataclass
+class WorldModelRewardConfig:
+    """VAGEN's per-turn reward for the states a `reply_format=world_model` reply writes (ragen/world_model_reward.py)."""
+
+    observation: float = 0.0  # weight of the <observation> span's credit against the state the turn answered
+    prediction: float = 0.0  # weight of the <prediction> span's credit against the state after the turn's actions
+    credit: str = "partial"  # exact: 1 for the whole state, else 0 | partial: the share of objects (or cells) right
+
+
+@dataclass
 class AgentProxyConfig:
     max_turn: int = 5  # LLM turns per trajectory
     max_actions_per_turn: int = 2  # actions parsed from one <answer>; extra ones are dropped
@@ -118,6 +127,7 @@ class AgentProxyConfig:
     # <observation>current state</observation> ... <prediction>state after the actions</prediction>
     reply_format: str = "plain"
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
+    world_model_reward: WorldModelRewardConfig = field(default_factory=WorldModelRewardConfig)
 
 
 @dataclass
@@ -237,6 +247,7 @@ def _validate_rollout(cfg: RagenConfig) -> None:
     """Sampling, the rollout engine and the multi-turn agent loop."""
     from verl.utils.model import DTYPES  # torch imports; keep `ragen.config` light
     from verl.workers.rollout import ROLLOUT_ENGINES
+    from ragen.world_model_reward import CREDITS  # imports the context manager, which imports this module
 
     rollout, val, proxy = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.val_kwargs, cfg.agent_proxy
     _check(rollout.name in ROLLOUT_ENGINES,
@@ -260,6 +271,14 @@ def _validate_rollout(cfg: RagenConfig) -> None:
     _check(bool(proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")
     _check(proxy.max_context_window == -1 or proxy.max_context_window >= 1,
            "agent_proxy.max_context_window must be -1 (every turn) or >= 1")
+    world = proxy.world_model_reward
+    _check(world.credit in CREDITS,
+           f"agent_proxy.world_model_reward.credit={world.credit!r}: choose one of {list(CREDITS)}")
+    for key in ("observation", "prediction"):
+        _check(math.isfinite(getattr(world, key)), f"agent_proxy.world_model_reward.{key} must be finite")
+    _check(proxy.reply_format == "world_model" or (world.observation == 0 and world.prediction == 0),
+           "agent_proxy.world_model_reward rewards the <observation> and <prediction> spans: it needs "
+           "agent_proxy.reply_format=world_model (and agent_proxy.enable_think=true)")
 
 
 def _validate_optimization(cfg: RagenConfig) -> None:

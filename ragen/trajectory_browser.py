@@ -178,6 +178,10 @@ def turn_html(number: int, turn: dict, tiles: dict[str, np.ndarray] | None) -> s
             ("noop", "valid, no effect") if valid else ("bad", "invalid")
         chips.append(f'<li class="chip {kind}" title="{note}">{esc(str(action))} <small>{note}</small></li>')
     facts = [("reward", _signed(turn["reward"], ".3g"))]
+    if "world_model" in turn:  # agent_proxy.world_model_reward: the written states' credits, in the reward above
+        credits = turn["world_model"]
+        facts.append(("world model", f'observation {credits["observation"]:.2f}, prediction '
+                                     f'{credits["prediction"]:.2f}, reward {_signed(credits["reward"], ".3g")}'))
     if "advantage" in turn:  # null: the variance filter dropped this trajectory's group before the update
         advantage = turn["advantage"]
         facts.append(("advantage", "filtered out" if advantage is None else _signed(advantage, ".3f")))

@@ -84,6 +84,7 @@ from ragen.create_data import write_parquet
 from ragen.env_state_manager import EnvStateManager
 from ragen.sft.data import tokenizer_fingerprint
 from ragen.train import make_agent
+from ragen.world_model_reward import SPANS, score_state, written_span
 from verl.protocol import DataProto
 from verl.trainer.config import RolloutConfig
 from verl.utils.model import load_tokenizer, resolve_model_path
@@ -93,13 +94,6 @@ from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 REPO = Path(__file__).resolve().parents[2]
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN = "<think>", "</think>", "<answer>"
 _FORMAT_TAG = re.compile(r"</?(?:think|answer|observation|prediction)>")
-_SPANS = {"observation": re.compile(f"{OBSERVATION_OPEN}(.*?){OBSERVATION_CLOSE}", re.DOTALL),
-          "prediction": re.compile(f"{PREDICTION_OPEN}(.*?){PREDICTION_CLOSE}", re.DOTALL)}
-# the labels of the coordinate lines of `observation_format: grid_coord | coord` (ragen/envs/utils.py), longest
-# first so that "Boxes on target" is not read as "Boxes"
-COORDINATE_LABELS = ("Boxes on target", "Player on target", "Targets", "Boxes", "Player", "Start", "Goal", "Holes")
-_COORDINATE_LINE = re.compile(rf"\s*({'|'.join(COORDINATE_LABELS)})\s*:(.*)")
-_CELL = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 # one row per kept turn (`turn_rows`); `turns` is what the SFT trainer reads besides the ids and the mask
 ROW_SCHEMA = pa.schema([("tag", pa.string()), ("seed", pa.int64()), ("turn", pa.int64()), ("reward", pa.float64()),
                         ("success", pa.bool_()), ("input_ids", pa.list_(pa.int64())),
@@ -120,7 +114,7 @@ def model_thought(reply: str) -> str:
         if end in text:
             text = text[:text.index(end)]
             break
-    for span in _SPANS.values():
+    for span in SPANS.values():
         text = span.sub(" ", text)
     for opening in (OBSERVATION_OPEN, PREDICTION_OPEN):  # an unclosed state span runs to the end
         if opening in text:
@@ -186,7 +180,7 @@ def turn_rows(record: dict, prompts: list[list[int]], replies: list[Rewritten]) 
               "invalid_actions_removed": 0, "model_wrote_spans": 0}
     states, rows = episode_states(record), []
     for k, (turn, prompt, reply) in enumerate(zip(record["turns"], prompts, replies)):
-        counts["model_wrote_spans"] += all(span.search(turn["response"]) for span in _SPANS.values())
+        counts["model_wrote_spans"] += all(span.search(turn["response"]) for span in SPANS.values())
         if not reply.actions:
             counts["dropped_turns"] += 1
             continue
@@ -308,39 +302,6 @@ def write_data(cfg: RagenConfig, output: Path, train_episodes: int, test_episode
 
 
 # ---- 4. held-out score ----------------------------------------------------------------------------------
-def parse_state(text: str) -> tuple[list[str], dict[str, list[tuple[int, int]]]]:
-    """(the lines that are not coordinate lines, right-stripped and without blank ones; each coordinate
-    label's cells, sorted). A label written twice gets the cells of both lines."""
-    lines, cells = [], {}
-    for line in text.strip().splitlines():
-        match = _COORDINATE_LINE.fullmatch(line)
-        if match is None:
-            if line.strip():
-                lines.append(line.rstrip())
-            continue
-        found = [(int(r), int(c)) for r, c in _CELL.findall(match.group(2))]
-        cells[match.group(1)] = sorted(cells.get(match.group(1), []) + found)
-    return lines, cells
-
-
-def score_state(written: str | None, true: str) -> dict:
-    """How a state the model wrote (None: no span) matches the true one: `exact` text (outer whitespace
-    ignored), `grid_exact` (the lines other than coordinate lines), and per coordinate label whether its cells
-    are the true ones, over the labels of both texts (a label the model adds or leaves out is wrong);
-    `coordinates_all` is None when the true state has no coordinate lines."""
-    true_lines, true_cells = parse_state(true)
-    lines, cells = parse_state(written) if written is not None else (None, {})
-    labels = {label: cells.get(label) == true_cells.get(label) for label in set(true_cells) | set(cells)}
-    return {"exact": written is not None and written.strip() == true.strip(), "grid_exact": lines == true_lines,
-            "coordinates_all": all(labels.values()) if true_cells else None, "labels": labels}
-
-
-def written_span(reply: str, kind: str) -> str | None:
-    """The text of the first `<observation>` or `<prediction>` span of a reply, or None."""
-    match = _SPANS[kind].search(reply)
-    return match.group(1) if match else None
-
-
 def score_replies(replies: list[str], states: list[str], next_states: list[str], action_sep: str = "||",
                   max_actions: int = 2) -> dict[str, float]:
     """Accuracies over the turns (module docstring, step 4): `<kind>/exact`, `<kind>/grid_exact`,
@@ -349,7 +310,7 @@ def score_replies(replies: list[str], states: list[str], next_states: list[str],
     kind observation and prediction; `written_spans` (both spans present), `format_ok` (the reply parses)."""
     scores: dict[str, list[float]] = {"written_spans": [], "format_ok": []}
     for reply, state, next_state in zip(replies, states, next_states, strict=True):
-        written = {kind: written_span(reply, kind) for kind in _SPANS}
+        written = {kind: written_span(reply, kind) for kind in SPANS}
         scores["written_spans"].append(all(text is not None for text in written.values()))
         scores["format_ok"].append(parse_reply(reply, True, action_sep, max_actions).format_ok)
         for kind, true in (("observation", state), ("prediction", next_state)):

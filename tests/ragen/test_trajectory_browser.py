@@ -227,6 +227,10 @@ def test_turn_facts_show_validity_reward_and_advantage(tmp_path):
     assert "advantage+0.250" in text and "advantagefiltered out" in text
     assert "Jump invalid" in text and "malformed (format penalty)" in text
     assert f"reward{record['turns'][0]['reward']:+.3g}" in text
+    assert "world model" not in text  # only a run with agent_proxy.world_model_reward scores the written states
+    record["turns"][0]["world_model"] = {"observation": 1.0, "prediction": 0.5, "reward": 0.75}
+    text = "".join(Elements(write_step([record], tmp_path, 2, -1, CUSTOM_ENVS)[0].read_text()).text)
+    assert "world modelobservation 1.00, prediction 0.50, reward +0.75" in text
 
 
 

@@ -15,7 +15,8 @@ from ragen.envs.utils import reseed
 from ragen.envs import make_env
 from ragen.sft import world_model
 from ragen.sft.trainer import load_split
-from ragen.sft.world_model import model_thought, parse_state, rewrite_turns, score_replies, self_play_rows, turn_rows
+from ragen.sft.world_model import model_thought, rewrite_turns, score_replies, self_play_rows, turn_rows
+from ragen.world_model_reward import parse_state
 from verl.utils.model import eos_token_ids
 from verl.workers.rollout import Generation
 
