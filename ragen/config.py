@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from ragen.envs import ENV_REGISTRY, check_env_config
 from verl.trainer.watchdog import ACTIONS, CONDITIONS
 from verl.trainer.config import (ActorRolloutRefConfig, AlgorithmConfig, CriticConfig, LoraConfig, OptimConfig,
-                                 RayConfig, TrainerConfig)
+                                 RayConfig, REPLY_KINDS, TrainerConfig)
 from verl.utils import run_folder
 from verl.utils.tracking import Tracking
 
@@ -337,6 +337,11 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
     one_of("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, algos.LOSS_AGG_MODES)
     one_of("agent_proxy.reward_normalization.grouping", norm.grouping, ("state", "batch", "inductive"))
     one_of("agent_proxy.reward_normalization.method", norm.method, algos.REWARD_NORMALIZERS)
+    for key in ("loss_spans", "adv_spans"):
+        kinds = list(getattr(algo, key))
+        _check(set(kinds) <= set(REPLY_KINDS), f"algorithm.{key}={kinds}: choose among {list(REPLY_KINDS)}")
+    _check(len(algo.loss_spans) > 0, f"algorithm.loss_spans is empty: the policy loss would cover no token (choose "
+                                     f"among {list(REPLY_KINDS)})")
     estimator = algos.ADV_ESTIMATORS[algo.adv_estimator]
     for name in ("gamma", "lam", "high_level_gamma"):
         _check(0 <= getattr(algo, name) <= 1, f"algorithm.{name} must be in [0, 1]")

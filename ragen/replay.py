@@ -48,6 +48,10 @@ def replay(run_dir: str | Path, step: int, save: str | Path | None = None) -> bo
         batches = [batch_file.read_batch(path) for path in batch_paths(cfg, saved, range(first, step + 1))]
     except batch_file.BatchFileError as e:
         raise ReplayError(f"{e}: this step cannot be replayed") from e
+    for replay_step, (batch, _) in zip(range(first, step + 1), batches):
+        if len(batch) > 0 and "reply_kinds" not in batch.batch:  # the update reads it since TRICO's masks
+            raise ReplayError(f"the saved batch of step {replay_step} has no reply_kinds: it was written by an "
+                              "older version of the trainer; replay it with the code that trained it")
     ranks = world_size(cfg)
     check_ranks(start, ranks)
     validate(cfg, ranks)

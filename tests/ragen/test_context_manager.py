@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from ragen.config import AgentProxyConfig, RewardNormalizationConfig
-from ragen.context_manager import ContextManager, Trajectory, parse_reply, window_layout
+from ragen.context_manager import ContextManager, Trajectory, parse_reply, reply_kinds, window_layout
+from verl.trainer.config import REPLY_KINDS
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_rollout_log_probs_stay_on_their_tokens_through_to_batch(tokenizer, cont
     log_probs2 = [-1.0 - 0.1 * k for k in range(len(reply2))]
     context.add_response(trajectory, reply2, log_probs2)
     trajectory.turn_rewards, trajectory.turn_states = [0.0, 1.0], ["grid one", "grid two"]
-    short = Trajectory(input_ids=[5, 6], loss_mask=[0, 1], rollout_log_probs=[0, -3.0], turn_ids=[0, 0],
+    short = Trajectory(input_ids=[5, 6], loss_mask=[0, 1], reply_kinds=[0, 5], rollout_log_probs=[0, -3.0], turn_ids=[0, 0],
                        turn_ends=[1], turn_rewards=[0.0], turn_states=["s"])
     batch = context.to_batch([trajectory, short], group_ids=[0, 1], tags=["Toy", "Toy"]).batch
 
@@ -103,9 +104,10 @@ def test_reply_text_is_cut_at_the_stop_string(context):
 
 
 def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
-    a = Trajectory(input_ids=[5, 6, 7, 8], loss_mask=[0, 1, 0, 1], rollout_log_probs=[0, -0.5, 0, -1.5],
+    a = Trajectory(input_ids=[5, 6, 7, 8], loss_mask=[0, 1, 0, 1], reply_kinds=[0, 5, 0, 5],
+                   rollout_log_probs=[0, -0.5, 0, -1.5],
                    turn_ids=[0, 0, 1, 1], turn_ends=[1, 3], turn_rewards=[-0.1, 1.0], turn_states=["s1", "s2"])
-    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], rollout_log_probs=[0, -2.0], turn_ids=[0, 0], turn_ends=[1],
+    b = Trajectory(input_ids=[5, 9], loss_mask=[0, 1], reply_kinds=[0, 5], rollout_log_probs=[0, -2.0], turn_ids=[0, 0], turn_ends=[1],
                    turn_rewards=[0.5], turn_states=["s1"])
     context = ContextManager(tokenizer, AgentProxyConfig(), {"T": ""}, {"T": "x"}, [tokenizer.eos_token_id])
     batch = context.to_batch([a, b], group_ids=[0, 0], tags=["T", "T"])
@@ -154,7 +156,7 @@ def test_each_reply_attends_to_exactly_the_prompt_it_was_sampled_from(tokenizer,
     reply, in order; their positions are those of the prompt wherever one row can give them (k = 1: always;
     k = 2: the first two turns, and the system message and the turn's own tokens after them)."""
     context, trajectory, seen = windowed_trajectory(tokenizer, window)
-    short = Trajectory(input_ids=[5, 6], loss_mask=[0, 1], rollout_log_probs=[0, -3.0], turn_ids=[0, 0], turn_ends=[1],
+    short = Trajectory(input_ids=[5, 6], loss_mask=[0, 1], reply_kinds=[0, 5], rollout_log_probs=[0, -3.0], turn_ids=[0, 0], turn_ends=[1],
                        turn_starts=[1], turn_rewards=[0.0], turn_states=["s"])
     batch = context.to_batch([trajectory, short], group_ids=[0, 1], tags=["Toy", "Toy"]).batch
     ids, positions, hidden_from = batch["input_ids"][0], batch["position_ids"][0], batch["hidden_from"][0]
@@ -179,7 +181,7 @@ def test_without_a_window_the_batch_is_as_before(tokenizer):
 
 
 def one_turn(reward: float, state: str = "s") -> Trajectory:
-    return Trajectory(input_ids=[5, 6], loss_mask=[0, 1], rollout_log_probs=[0, -1.0], turn_ids=[0, 0],
+    return Trajectory(input_ids=[5, 6], loss_mask=[0, 1], reply_kinds=[0, 5], rollout_log_probs=[0, -1.0], turn_ids=[0, 0],
                       turn_ends=[1], turn_rewards=[reward], turn_states=[state])
 
 
@@ -234,3 +236,31 @@ def test_parse_never_raises_on_random_text():
         text = "".join(rng.choice(pieces, size=rng.integers(0, 12)))
         parsed = parse_reply(text, enable_think=True, action_sep="||", max_actions=2)
         assert parsed.format_ok == bool(parsed.actions) and len(parsed.actions) <= 2
+
+
+KIND = {kind: REPLY_KINDS.index(kind) + 1 for kind in REPLY_KINDS}
+
+
+def test_each_generated_token_gets_the_kind_of_text_of_its_first_character():
+    pieces = ["<observation>", "\nP", "_\n", "</observation>", "go", " up<", "prediction>", "X", "</prediction>",
+              "</think>", "<answer>", "Up", "</answer>", "<|im_end|>"]
+    assert reply_kinds("<think>", pieces) == [KIND[k] for k in (
+        "format", "observation", "observation", "format", "think", "think", "format", "prediction", "format",
+        "format", "format", "answer", "format", "format")]
+    assert reply_kinds("<answer>", ["Up", "</answer>"]) == [KIND["answer"], KIND["format"]]
+    assert reply_kinds("<think>", ["still", " thinking"]) == [KIND["think"]] * 2  # cut off: the span runs to the end
+    assert reply_kinds("<answer>", ["Up", " and", "</answer>", " more"]) == [KIND["answer"]] * 2 + [KIND["format"]] * 2
+
+
+def test_the_kinds_follow_the_generated_tokens_into_the_batch(tokenizer, context):
+    trajectory = context.start("Toy", "grid one", actions_left=10)
+    reply = encode(tokenizer, " Go left.</think><answer>Left</answer>") + [tokenizer.eos_token_id]
+    context.add_response(trajectory, reply, [-1.0] * len(reply))
+    trajectory.turn_rewards, trajectory.turn_states = [0.0], ["grid one"]
+    kinds = np.array(trajectory.reply_kinds)
+    assert ((kinds > 0) == np.array(trajectory.loss_mask, dtype=bool)).all()  # a kind exactly on generated tokens
+    generated = np.array(trajectory.input_ids)[kinds > 0]
+    assert tokenizer.decode(generated[kinds[kinds > 0] == KIND["think"]]) == " Go left."
+    assert tokenizer.decode(generated[kinds[kinds > 0] == KIND["answer"]]) == "Left"
+    batch = context.to_batch([trajectory], group_ids=[0], tags=["Toy"])
+    assert batch.batch["reply_kinds"][0].tolist() == trajectory.reply_kinds

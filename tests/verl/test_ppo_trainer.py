@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.trainer.config import AlgorithmConfig, KLControlConfig, RolloutConfig, TrainerConfig
+from verl.trainer.config import REPLY_KINDS, AlgorithmConfig, KLControlConfig, RolloutConfig, TrainerConfig
 from verl.trainer.ppo_trainer import PPOTrainer, groups_per_multiple, with_advantages
 from verl.trainer.watchdog import WatchdogStop
 from verl.utils.tracking import Tracking
@@ -28,8 +28,12 @@ def rollout_batch(rewards: list[float], group_size: int, env_failed: list[bool] 
                             "rollout_log_probs": rollout_log_probs,
                             "token_rewards": token_rewards, "trajectory_rewards": torch.tensor(rewards),
                             "state_ids": torch.zeros(n, 3, dtype=torch.long),
-                            "turn_ids": torch.zeros(n, 3, dtype=torch.long)},
+                            "turn_ids": torch.zeros(n, 3, dtype=torch.long),
+                            "reply_kinds": torch.tensor([[0, ANSWER, FORMAT]] * n)},  # `Up` then `</answer>`
                      non_tensor_batch={"group_ids": np.arange(n) // group_size, "env_failed": np.array(env_failed)})
+
+
+ANSWER, FORMAT = REPLY_KINDS.index("answer") + 1, REPLY_KINDS.index("format") + 1
 
 
 @dataclass
@@ -271,6 +275,22 @@ def test_advantages_are_added_with_their_mask(tmp_path):
     assert batch.batch["adv_mask"].tolist() == [[0, 1, 1]] * 2
     assert batch.batch["advantages"][:, 1].tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
     assert "critic/vf_explained_var" not in metrics  # no critic
+
+
+@pytest.mark.parametrize("spans, adv_mask, loss_mask", [
+    (list(REPLY_KINDS), [0, 1, 1], [0, 1, 1]),  # the default: every generated token
+    (["answer"], [0, 1, 1], [0, 1, 0]),  # the turn's last token keeps its advantage (its reward sits there)
+    (["format"], [0, 0, 1], [0, 0, 1]),
+])
+def test_tricos_masks_narrow_the_advantages_and_the_loss_to_kinds_of_text(tmp_path, spans, adv_mask, loss_mask):
+    algorithm = AlgorithmConfig(adv_estimator="grpo", adv_spans=spans, loss_spans=spans)
+    trainer, _ = make_trainer(tmp_path, [1.0, 0.0], algorithm=algorithm, critic=False)
+    batch = trainer.agent.batch.union(DataProto(batch={"old_log_probs": torch.zeros(2, 3)}))
+    batch, _ = trainer.compute_advantage(batch)
+    assert batch.batch["adv_mask"].tolist() == [adv_mask] * 2
+    assert batch.batch["loss_mask"].tolist() == [loss_mask] * 2  # what the actor trains on
+    assert (batch.batch["advantages"][:, 0] == 0).all() and (batch.batch["advantages"][:, 1] != 0).tolist() == \
+        [bool(adv_mask[1])] * 2
 
 
 def test_kl_in_reward_penalises_every_generated_token(tmp_path):

@@ -130,6 +130,12 @@ class KLControlConfig:
     horizon: int = 10000  # adaptive only: samples over which the coefficient may change by ~20%
 
 
+# the kinds of generated text, for TRICO's selective masks (`algorithm.loss_spans`, `algorithm.adv_spans`): inside
+# <think> (outside the two state spans), inside <observation>, inside <prediction>, inside <answer>, and the rest
+# (the tags themselves, text outside them, the end-of-turn token)
+REPLY_KINDS = ("think", "observation", "prediction", "answer", "format")
+
+
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"  # key of core_algos.ADV_ESTIMATORS; gae and bi_level_gae train a critic
@@ -140,6 +146,10 @@ class AlgorithmConfig:
     whiten_advantages: bool = True  # gae/bi_level_gae: zero mean, unit std over the batch's tokens (as veRL)
     gigpo_step_weight: float = 1.0  # gigpo: weight of the step-level (same-state) advantage
     adv_mask: str = "response"  # tokens that carry advantages and values: response | trajectory (state tokens too)
+    # TRICO's masks (VAGEN), over the kinds of generated text (REPLY_KINDS): what the policy loss covers, and which
+    # generated tokens carry advantages and values (each turn's last token always does: its reward sits there)
+    loss_spans: list[str] = field(default_factory=lambda: list(REPLY_KINDS))
+    adv_spans: list[str] = field(default_factory=lambda: list(REPLY_KINDS))
     # no actor step on a batch where every group's rewards are equal: its advantages are 0 or critic noise
     skip_zero_variance_batches: bool = True
     use_kl_in_reward: bool = False  # subtract kl_ctrl.kl_coef * KL(old || ref) from each generated token's reward

@@ -8,6 +8,11 @@ advantage). Two masks select tokens:
   TD recursion of GAE jumps from a turn's last reply token straight to the next turn's first reply token,
   skipping the environment's tokens (`algorithm.adv_mask=trajectory` lets the state tokens in as well).
 `turn_ends` (B, T) marks each turn's last generated token, where that turn's reward sits.
+TRICO's selective masks (VAGEN) narrow both to kinds of generated text (`reply_kinds` (B, T): 1 + the index
+in config.REPLY_KINDS of each generated token's kind, think | observation | prediction | answer | format, 0 on
+the other tokens): `algorithm.adv_spans` keeps the generated tokens of those kinds in `adv_mask` (and every
+turn end), and `algorithm.loss_spans` those the policy loss covers: the trainer narrows `loss_mask` to them
+once the advantages are computed, so from there on `loss_mask` is what the actor trains on.
 
 Advantage estimators share one keyword signature
     estimator(*, token_rewards, values, adv_mask, turn_ends, group_ids, state_ids, config) -> (advantages, returns)
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from verl.trainer.config import AlgorithmConfig
+from verl.trainer.config import REPLY_KINDS, AlgorithmConfig
 
 EPS = 1e-6  # guards divisions by a group's reward std, as in GRPO's reference implementation
 CONSTANT_RELATIVE_VARIANCE = 1e-10  # returns whose variance is below this share of their mean square are constant
@@ -62,6 +67,12 @@ def span_mask(loss_mask: torch.Tensor) -> torch.Tensor:
     started = generated.int().cummax(dim=1).values.bool()
     not_finished = generated.flip(1).int().cummax(dim=1).values.flip(1).bool()
     return (started & not_finished).float()
+
+
+def kinds_mask(reply_kinds: torch.Tensor, kinds: list[str]) -> torch.Tensor:
+    """(B, T) bool: the generated tokens whose kind (module docstring) is one of `kinds`."""
+    ids = torch.tensor([REPLY_KINDS.index(kind) + 1 for kind in kinds], dtype=reply_kinds.dtype)
+    return torch.isin(reply_kinds, ids)
 
 
 ADV_MASKS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

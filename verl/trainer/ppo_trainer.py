@@ -21,7 +21,7 @@ from verl.trainer.collapse import collapse_metrics, cross_scoring_pairs, repeat_
 from verl.trainer.config import AlgorithmConfig, RolloutConfig, TrainerConfig
 from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, FILTER_METRICS, KL_CONTROLLERS, apply_kl_penalty,
                                      balanced_order, explained_variance, group_index, group_mean_std, masked_mean,
-                                     select_groups, turn_end_mask)
+                                     kinds_mask, select_groups, turn_end_mask)
 from verl.trainer.watchdog import ROLLBACK_SEED_STRIDE, Event, Watchdog, WatchdogStop
 from verl.utils import batch_file, checkpoint
 from verl.utils.tracking import Tracking, duration, progress, write_jsonl
@@ -235,10 +235,12 @@ class PPOTrainer:
                                                  self.kl_ctrl.value)
             metrics |= {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
             self.kl_ctrl.update(kl, n_steps=len(batch))
-        adv_mask = ADV_MASKS[algo.adv_mask](loss_mask)
+        generated, kinds, ends = loss_mask.bool(), batch.batch["reply_kinds"], turn_end_mask(loss_mask)
+        # TRICO: generated tokens outside `adv_spans` carry no advantage; a turn's last token keeps its reward
+        adv_mask = ADV_MASKS[algo.adv_mask](loss_mask) * ~(generated & ~kinds_mask(kinds, algo.adv_spans) & ~ends)
         values = batch.batch.get("values", torch.zeros_like(token_rewards))
         advantages, returns = ADV_ESTIMATORS[algo.adv_estimator].fn(
-            token_rewards=token_rewards, values=values, adv_mask=adv_mask, turn_ends=turn_end_mask(loss_mask),
+            token_rewards=token_rewards, values=values, adv_mask=adv_mask, turn_ends=ends,
             group_ids=batch.non_tensor_batch["group_ids"], state_ids=batch.batch["state_ids"], config=algo)
         check_finite_advantages({"token_rewards": token_rewards, "values": values, "advantages": advantages,
                                  "returns": returns}, adv_mask)
@@ -252,7 +254,9 @@ class PPOTrainer:
             if explained is not None:  # undefined when every return is the same
                 metrics["critic/vf_explained_var"] = explained
         added = DataProto(batch={"adv_mask": adv_mask, "advantages": advantages, "returns": returns})
-        return batch.union(added), metrics
+        trained = loss_mask * kinds_mask(kinds, algo.loss_spans)  # TRICO's loss mask: what the actor trains on
+        return DataProto(batch=batch.batch | {"loss_mask": trained}, non_tensor_batch=batch.non_tensor_batch,
+                         meta_info=batch.meta_info).union(added), metrics
 
     def is_zero_variance(self, batch: DataProto) -> bool:
         """Whether the batch says nothing about which actions are better, so the actor takes no step
