@@ -117,12 +117,17 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
 
 
 def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
+    """Also VAGEN's pieces through the real stack: the world-model reply format and reward, TRICO's loss mask."""
     train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
-          "agent_proxy.max_turn=2")
+          "agent_proxy.max_turn=2", "agent_proxy.enable_think=true", "agent_proxy.reply_format=world_model",
+          "agent_proxy.world_model_reward.observation=0.5", "agent_proxy.world_model_reward.prediction=0.5",
+          "algorithm.loss_spans=[think,answer,format]")
     validation, metrics = read_metrics(tmp_path)
     assert validation["step"] == 0 and validation["val/num_turns"] == 2  # greedy validation of the untrained model
     assert metrics["rollout/num_turns"] == 2  # a random model never solves it, so both turns run
     assert metrics["train/CoordSokoban/success"] == 0.0
+    assert {"val/world_model/observation_credit", "val/task_reward_mean"} <= validation.keys()
+    assert metrics["rollout/world_model/reward_mean"] >= 0 and "rollout/task_reward_mean" in metrics
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_1" / "actor")
 
 
