@@ -73,7 +73,7 @@ class AgentProxy:
                                                            strict=True):
                 trajectory = trajectories[state.env_id]
                 penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
-                reward = record.reward + (self.format_penalty if penalised else 0.0)
+                reward = task_reward = record.reward + (self.format_penalty if penalised else 0.0)
                 world_model = {}
                 if scored:  # state.obs is now the state after the turn's actions
                     world_model = turn_credits(reply, shown, state.obs, world.credit)
@@ -90,7 +90,7 @@ class AgentProxy:
                     "action_valid": record.valid, "action_effective": record.effective, "reward": reward,
                     "done": state.done} | world_model)
                 if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
-                        trajectory, state.obs, reward, state.actions_left, self.sampling.max_new_tokens):
+                        trajectory, state.obs, task_reward, state.actions_left, self.sampling.max_new_tokens):
                     state.done = state.context_truncated = True
         for state, record in zip(states, records):
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),

@@ -342,6 +342,9 @@ def _validate_algorithm(cfg: RagenConfig) -> None:
         _check(set(kinds) <= set(REPLY_KINDS), f"algorithm.{key}={kinds}: choose among {list(REPLY_KINDS)}")
     _check(len(algo.loss_spans) > 0, f"algorithm.loss_spans is empty: the policy loss would cover no token (choose "
                                      f"among {list(REPLY_KINDS)})")
+    _check(set(algo.loss_spans) <= set(algo.adv_spans),
+           f"algorithm.loss_spans={list(algo.loss_spans)} trains on kinds of text outside algorithm.adv_spans="
+           f"{list(algo.adv_spans)}: their advantage is 0, so they would only dilute the loss; add them to adv_spans")
     estimator = algos.ADV_ESTIMATORS[algo.adv_estimator]
     for name in ("gamma", "lam", "high_level_gamma"):
         _check(0 <= getattr(algo, name) <= 1, f"algorithm.{name} must be in [0, 1]")

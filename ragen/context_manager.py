@@ -107,7 +107,7 @@ def reply_kinds(reply_open: str, pieces: list[str]) -> list[int]:
             kinds[match.start(1):match.end(1)] = REPLY_KINDS.index(kind) + 1
     for tag in _TAG.finditer(text):  # the state spans' tags sit inside <think>: a tag is format wherever it is
         kinds[tag.start():tag.end()] = REPLY_KINDS.index("format") + 1
-    starts = len(reply_open) + np.cumsum([0] + [len(piece) for piece in pieces[:-1]])
+    starts = len(reply_open) + np.cumsum([0] + [len(piece) for piece in pieces])[:-1]
     return kinds[starts].tolist()
 
 
@@ -176,7 +176,7 @@ class Trajectory:
     reply_kinds: list[int] = field(default_factory=list)  # kind of each generated token (`reply_kinds`), 0 elsewhere
     turn_starts: list[int] = field(default_factory=list)  # index where each turn's user message begins
     turn_ends: list[int] = field(default_factory=list)  # index of each turn's last generated token
-    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty, per turn
+    turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty (+ world-model reward)
     turn_states: list[str] = field(default_factory=list)  # the state each turn answered
     format_ok: list[bool] = field(default_factory=list)
 
@@ -252,6 +252,8 @@ class ContextManager:
         to parse (with the forced opening)."""
         turn = len(trajectory.turn_ends)
         kinds = reply_kinds(self.reply_open, token_pieces(self.tokenizer, [response_ids])[0])
+        if response_ids and response_ids[-1] in self.eos_ids:  # the end of the turn, even inside an unclosed span
+            kinds[-1] = REPLY_KINDS.index("format") + 1
         trajectory.extend(response_ids, turn=turn, log_probs=log_probs, kinds=kinds)
         trajectory.turn_ends.append(len(trajectory.input_ids) - 1)
         return reply_text(self.tokenizer, response_ids, self.reply_open)

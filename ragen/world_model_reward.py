@@ -15,7 +15,8 @@ environments' text states (Sokoban, FrozenLake, any `observation_format`):
   `grid_coord` and `coord`), the share of coordinate labels, over those of both texts, whose cells the span gives
   exactly (a label the model adds or leaves out is wrong); a state without them (`grid`) is scored cell by cell:
   the share of grid cells with the true symbol at their row and column, over the larger of the two grids.
-A reply without the span earns 0 for it. Both credits are logged apart from the task reward
+A reply without the span earns 0 for it; a malformed reply (no valid `<answer>`) is scored all the same, its
+format penalty apart. Both credits are logged apart from the task reward
 (`<split>/world_model/...`), and each turn's record keeps them. ragen/sft/world_model.py scores its held-out
 predictions with the same parser (`score_state`).
 """
@@ -23,13 +24,15 @@ predictions with the same parser (`score_state`).
 import re
 
 from ragen.context_manager import OBSERVATION_CLOSE, OBSERVATION_OPEN, PREDICTION_CLOSE, PREDICTION_OPEN
+from ragen.envs.frozen_lake import COORDINATE_LABELS as FROZEN_LAKE_LABELS
+from ragen.envs.sokoban import COORDINATE_LABELS as SOKOBAN_LABELS
 
 SPANS = {"observation": re.compile(f"{OBSERVATION_OPEN}(.*?){OBSERVATION_CLOSE}", re.DOTALL),
          "prediction": re.compile(f"{PREDICTION_OPEN}(.*?){PREDICTION_CLOSE}", re.DOTALL)}
 CREDITS = ("exact", "partial")  # agent_proxy.world_model_reward.credit
-# the labels of the coordinate lines of `observation_format: grid_coord | coord` (ragen/envs/utils.py), longest
-# first so that "Boxes on target" is not read as "Boxes"
-COORDINATE_LABELS = ("Boxes on target", "Player on target", "Targets", "Boxes", "Player", "Start", "Goal", "Holes")
+# the labels of the coordinate lines of `observation_format: grid_coord | coord`, as the environments write them,
+# longest first so that "Boxes on target" is not read as "Boxes"
+COORDINATE_LABELS = tuple(sorted(set(SOKOBAN_LABELS) | set(FROZEN_LAKE_LABELS), key=lambda label: (-len(label), label)))
 _COORDINATE_LINE = re.compile(rf"\s*({'|'.join(COORDINATE_LABELS)})\s*:(.*)")
 _CELL = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 

@@ -112,6 +112,7 @@ def test_unknown_keys_and_wrong_types_fail_naming_the_key(override):
     (["algorithm.loss_spans=[thinking]"], r"algorithm.loss_spans=\['thinking'\]: choose among"),
     (["algorithm.adv_spans=[answer,reply]"], "algorithm.adv_spans"),
     (["algorithm.loss_spans=[]"], "algorithm.loss_spans is empty"),
+    (["algorithm.adv_spans=[answer]"], r"loss_spans=\['think', .* trains on kinds of text outside algorithm.adv_spans"),
     (["agent_proxy.reply_format=world_model", "agent_proxy.world_model_reward.credit=fuzzy"],
      r"world_model_reward.credit='fuzzy': choose one of \['exact', 'partial'\]"),
     (["agent_proxy.reply_format=world_model", "agent_proxy.world_model_reward.observation=nan"],

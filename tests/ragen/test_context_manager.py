@@ -250,6 +250,7 @@ def test_each_generated_token_gets_the_kind_of_text_of_its_first_character():
     assert reply_kinds("<answer>", ["Up", "</answer>"]) == [KIND["answer"], KIND["format"]]
     assert reply_kinds("<think>", ["still", " thinking"]) == [KIND["think"]] * 2  # cut off: the span runs to the end
     assert reply_kinds("<answer>", ["Up", " and", "</answer>", " more"]) == [KIND["answer"]] * 2 + [KIND["format"]] * 2
+    assert reply_kinds("<think>", []) == []  # a reply of no token
 
 
 def test_the_kinds_follow_the_generated_tokens_into_the_batch(tokenizer, context):
@@ -264,3 +265,7 @@ def test_the_kinds_follow_the_generated_tokens_into_the_batch(tokenizer, context
     assert tokenizer.decode(generated[kinds[kinds > 0] == KIND["answer"]]) == "Left"
     batch = context.to_batch([trajectory], group_ids=[0], tags=["Toy"])
     assert batch.batch["reply_kinds"][0].tolist() == trajectory.reply_kinds
+    # the end of the turn is format, even where the model never closed its thought
+    cut = encode(tokenizer, " Still thinking") + [tokenizer.eos_token_id]
+    context.add_response(trajectory, cut, [-1.0] * len(cut))
+    assert trajectory.reply_kinds[-len(cut):] == [KIND["think"]] * (len(cut) - 1) + [KIND["format"]]

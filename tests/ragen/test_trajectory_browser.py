@@ -290,7 +290,8 @@ def test_the_agent_loops_tokens_and_the_trainers_mask_line_up(tokenizer, tmp_pat
         assert "".join(record["token_pieces"]) == tokenizer.decode(ids[:n], clean_up_tokenization_spaces=False)
         assert "\N{SQUARE ROOT}" in "".join(record["token_pieces"])
         assert not any("\ufffd" in piece for piece in record["token_pieces"])
-    kept = batch.union(DataProto(batch={"advantages": batch.batch["loss_mask"] * 0.5},
+    kept = batch.union(DataProto(batch={"advantages": batch.batch["loss_mask"] * 0.5,
+                                        "adv_mask": batch.batch["loss_mask"]},
                                  non_tensor_batch={"record_index": np.arange(len(batch))}))[[0, 1]]  # two kept
     records = with_advantages(rollout.records, kept)
     for record in records[:2]:

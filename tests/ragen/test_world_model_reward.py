@@ -35,6 +35,13 @@ def test_partial_credit_counts_the_coordinate_labels_right():
     assert state_credit("I am not sure where anything is.", COORD, "partial") == 0.0
 
 
+def test_every_coordinate_label_an_environment_writes_is_scored():
+    coord_only = "Inner walls: (1, 1)\nTargets: (1, 2)\nBoxes: (2, 2)\nPlayer: (2, 1)"  # Sokoban's `coord` format
+    assert state_credit(coord_only.replace("(1, 1)", "(2, 3)"), coord_only, "partial") == pytest.approx(3 / 4)
+    lake = "Start: (0, 0)\nGoal: (3, 3)\nPlayer: (1, 0)\nHoles: (1, 1), (2, 3)\nGrid:\nS _ _ _\nP H _ _\n_ _ _ H\n_ _ _ G"
+    assert state_credit(lake.replace("Holes: (1, 1), (2, 3)", "Holes: (1, 1)"), lake, "partial") == pytest.approx(3 / 4)
+
+
 def test_partial_credit_of_a_plain_grid_is_the_share_of_cells_right():
     assert state_credit(GRID, GRID, "partial") == 1.0
     assert state_credit("# # # #\n# _ O #\n# P X #\n# # # #", GRID, "partial") == 1.0  # separators do not matter
@@ -82,6 +89,8 @@ def test_the_world_model_reward_adds_each_turns_credit_and_is_logged_apart_from_
     scored = rollout(tokenizer, WorldModelRewardConfig(observation=0.5, prediction=2.0, credit="exact"))
     turns = [len(record["turns"]) for record in scored.records]
     assert turns == [len(record["turns"]) for record in plain.records]  # the same play: the reward changes no move
+    # and no prompt: the next state's `Reward:` line shows the task's reward, as the warm-start data does
+    assert scored.batch.batch["input_ids"].tolist() == plain.batch.batch["input_ids"].tolist()
     gained = scored.batch.batch["trajectory_rewards"] - plain.batch.batch["trajectory_rewards"]
     assert gained.tolist() == pytest.approx([0.5 * n for n in turns])  # observation right, prediction blank
     assert all(turn["world_model"] == {"observation": 1.0, "prediction": 0.0, "reward": 0.5}

@@ -337,7 +337,8 @@ def test_records_get_the_tokens_trained_on_with_their_advantages():
                               [0., 0, 1, 1, 1, 1, 1, 1]])  # a reply that runs to the last position
     advantages = torch.tensor([[9., 0.12345, -2.5, 9, 9, 1e-5, 9, 9],
                                [9., 9, -0.5, -0.5, 0.25, 0.25, 0.25, 0.0004]])
-    kept = DataProto(batch={"advantages": advantages * loss_mask, "loss_mask": loss_mask,
+    kept = DataProto(batch={"advantages": advantages * loss_mask, "loss_mask": loss_mask, "adv_mask": loss_mask,
+                            "reply_kinds": loss_mask.long() * FORMAT,
                             "turn_ids": torch.tensor([[0, 0, 0, 1, 1, 1, -1, -1], [0, 0, 0, 0, 0, 0, 0, 0]])},
                      non_tensor_batch={"record_index": np.array([2, 0])})  # rows in another order than the records
     records = [{"turns": [{}]}, {"turns": [{}]}, {"turns": [{}, {}]}]

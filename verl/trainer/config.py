@@ -146,9 +146,10 @@ class AlgorithmConfig:
     whiten_advantages: bool = True  # gae/bi_level_gae: zero mean, unit std over the batch's tokens (as veRL)
     gigpo_step_weight: float = 1.0  # gigpo: weight of the step-level (same-state) advantage
     adv_mask: str = "response"  # tokens that carry advantages and values: response | trajectory (state tokens too)
-    # TRICO's masks (VAGEN), over the kinds of generated text (REPLY_KINDS): what the policy loss covers, and which
-    # generated tokens carry advantages and values (each turn's last token always does: its reward sits there)
+    # TRICO's loss mask (VAGEN): the kinds of generated text (REPLY_KINDS) the policy loss covers; within adv_spans
     loss_spans: list[str] = field(default_factory=lambda: list(REPLY_KINDS))
+    # TRICO's advantage mask: the kinds of generated text that carry advantages and values (and every turn's last
+    # token, where its reward sits)
     adv_spans: list[str] = field(default_factory=lambda: list(REPLY_KINDS))
     # no actor step on a batch where every group's rewards are equal: its advantages are 0 or critic noise
     skip_zero_variance_batches: bool = True

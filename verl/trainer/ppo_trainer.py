@@ -421,11 +421,12 @@ def time_left(first_step_s: float, steps_left: int, save_s: float = 0.0, saves_l
 
 
 def with_advantages(records: list[dict], batch: DataProto, updated: bool = True) -> list[dict]:
-    """Each turn's record gets the mean advantage of its generated tokens, and each trajectory's record the
-    tokens the update trained on, for the trajectory browser's heat map: `trained_tokens` = {"spans": the
-    [start, end) runs of `loss_mask` over the trajectory's tokens, "advantages": one per trained token, in
-    order, to 3 decimals, "updated": whether the actor took an update on them this step} (compact: about 7
-    bytes a generated token). None: dropped by the filter."""
+    """Each turn's record gets the mean advantage of its generated tokens that carry one (`adv_mask`), and each
+    trajectory's record the tokens the update trained on (`loss_mask`, narrowed to `algorithm.loss_spans`), for
+    the trajectory browser's heat map: `trained_tokens` = {"spans": the [start, end) runs of `loss_mask` over the
+    trajectory's tokens, "advantages": one per trained token, in order, to 3 decimals, "updated": whether the
+    actor took an update on them this step} (compact: about 7 bytes a generated token). None: dropped by the
+    filter."""
     for record in records:
         record["trained_tokens"] = None
         for turn in record["turns"]:
@@ -433,10 +434,11 @@ def with_advantages(records: list[dict], batch: DataProto, updated: bool = True)
     if len(batch) == 0:  # nothing was trained on this step
         return records
     advantages, mask, turn_ids = batch.batch["advantages"], batch.batch["loss_mask"].bool(), batch.batch["turn_ids"]
+    carrying = (batch.batch["reply_kinds"] > 0) & batch.batch["adv_mask"].bool()  # generated, with an advantage
     no_token = torch.zeros(1, dtype=torch.int)
     for row, index in enumerate(batch.non_tensor_batch["record_index"]):
         for k, turn in enumerate(records[index]["turns"]):
-            tokens = mask[row] & (turn_ids[row] == k)
+            tokens = carrying[row] & (turn_ids[row] == k)
             turn["advantage"] = advantages[row][tokens].mean().item() if tokens.any() else None
         # +1 where a run of trained tokens starts, -1 one past its end
         edges = torch.diff(mask[row].int(), prepend=no_token, append=no_token).nonzero().flatten().tolist()
