@@ -50,7 +50,6 @@ class AgentProxy:
         self._check_first_prompts(states, trajectories)
         world = self.config.world_model_reward
         scored = world.observation != 0 or world.prediction != 0  # VAGEN's reward for the written states
-        world_credits, world_rewards = [], np.zeros(len(states))
         for turn in progress(range(self.config.max_turn), desc=f"{self.split} rollout turns", leave=False):
             active = [s for s in states if not s.done]
             if not active:
@@ -78,8 +77,6 @@ class AgentProxy:
                 if scored:  # state.obs is now the state after the turn's actions
                     world_model = turn_credits(reply, shown, state.obs, world.credit)
                     bonus = world.observation * world_model["observation"] + world.prediction * world_model["prediction"]
-                    world_credits.append(world_model)
-                    world_rewards[state.env_id] += bonus
                     reward += bonus
                     world_model = {"world_model": world_model | {"reward": bonus}}
                 trajectory.turn_rewards.append(reward)
@@ -104,7 +101,7 @@ class AgentProxy:
         batch = batch.union(DataProto(non_tensor_batch={"env_failed": np.array([s.error is not None for s in states])}))
         metrics = rollout_metrics(states, trajectories, batch, self.split) | self.env_manager.end_rollout()
         if scored:
-            metrics |= world_model_metrics(world_credits, world_rewards, batch, self.split)
+            metrics |= world_model_metrics(records, batch, self.split)
         return Rollout(batch, metrics, records)
 
     def _check_first_prompts(self, states: list[EnvState], trajectories: list[Trajectory]) -> None:
@@ -159,11 +156,13 @@ def rollout_metrics(states: list[EnvState], trajectories: list[Trajectory], batc
     return metrics
 
 
-def world_model_metrics(credits: list[dict[str, float]], world_rewards: np.ndarray, batch: DataProto,
-                        split: str) -> dict[str, float]:
-    """The world-model reward apart from the task's: the mean credit of each span over the turns, the mean
-    world-model reward of a trajectory, and the task reward (the environment's and the format penalty) alone."""
+def world_model_metrics(records: list[dict], batch: DataProto, split: str) -> dict[str, float]:
+    """The world-model reward apart from the task's, from the turns' records: the mean credit of each span over
+    the turns, the mean world-model reward of a trajectory, and the task reward (the environment's and the format
+    penalty) alone."""
     prefix = "rollout" if split == "train" else "val"
+    credits = [turn["world_model"] for record in records for turn in record["turns"]]
+    world_rewards = np.array([sum(turn["world_model"]["reward"] for turn in record["turns"]) for record in records])
     total = batch.batch["trajectory_rewards"].numpy()
     return {f"{prefix}/world_model/{kind}_credit": float(np.mean([c[kind] for c in credits])) if credits else 0.0
             for kind in ("observation", "prediction")} | {
