@@ -16,7 +16,7 @@ Writes to `--out` (default `results/<recipe>`):
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). With `--warm-start`, each seed's
 RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` and each
 `--warm-start-arg` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted
-one starts over), so "before" in the table is the warm start's validation and "after" the RL's, on the same
+one goes on from its last save), so "before" in the table is the warm start's validation and "after" the RL's, on the same
 start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
 that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint

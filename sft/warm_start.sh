@@ -9,7 +9,8 @@
 # the board as RL will show it (give RL the same ones); --option=value arguments go to the data generation
 # (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
 # expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
-# the same data options reuses it.
+# the same data options reuses it, and the same command after an interruption goes on from the last save
+# (every trainer.test_freq steps).
 # Defaults (measured for Sokoban on one H100, greedy on 64 levels from 91,000,000 that no run used, 3 seeds):
 # 8,000 expert episodes (~41,000 moves), 700 steps of 32 samples (about half an epoch), lr 1e-4 on a cosine after
 # 10 warm-up steps: 83.9 % +- 2.4, ~5 min a seed there. 2,000 episodes and 400 steps of 16 (--train-size=2000

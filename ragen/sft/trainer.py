@@ -12,7 +12,10 @@ that is set. After every epoch (or every `trainer.test_freq` steps) and at the e
 split (loss, and format / action accuracy of greedy replies to the test prompts) and writes the model to
 `trainer.default_local_dir`: the adapter in PEFT's format (`sft/utils/merge_lora.py` merges it into a full
 model that `train.sh` takes as `model_path`), or with `lora.rank=0` the whole model as a safetensors folder
-that `model_path=` takes as it is. A killed run keeps what its last evaluation saved.
+that `model_path=` takes as it is. Until the last step each save also keeps every rank's optimizer, LR-schedule
+and random state, so a run killed or stopped between sittings continues where its last evaluation left it when
+the same command runs again (`trainer.resume_mode=auto`), with the same sample order and schedule as an
+unbroken run; the finished run drops that state (about twice the model's size for full fine-tuning).
 """
 
 import json
@@ -38,9 +41,11 @@ from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
 from verl.single_controller import Worker
 from verl.trainer.config import ModelConfig, OptimConfig
-from verl.utils.fsdp import full_state_dict, reshard
-from verl.utils.lora import merge_lora, save_adapter
-from verl.utils.model import load_tokenizer, resolve_model_path, untied
+from verl.utils.checkpoint import (config_changes, fixed_changes, listed_changes, load_train_state,
+                                   save_train_state)
+from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard
+from verl.utils.lora import load_adapter_weights, merge_lora, save_adapter
+from verl.utils.model import load_tokenizer, read_weights, resolve_model_path, untied
 from verl.utils.run_folder import check_name, check_run_dir
 from verl.utils.tracking import Tracking
 from verl.workers.actor import load_policy, token_log_probs
@@ -77,6 +82,7 @@ class SFTTrainerConfig:
     experiment_name: str = "${env}-lora"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | wandb | tensorboard
     seed: int = 0  # data order
+    resume_mode: str = "auto"  # auto: continue the unfinished run saved in default_local_dir, if any | disable
 
 
 @dataclass
@@ -100,6 +106,11 @@ class SFTConfig:
 
 
 ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
+
+# Settings a resumed run must share with the run it continues: the weights it started from, the adapter's shape,
+# and what fixes the sample order. Others (the lr, the schedule's length, test_freq, the loggers) may change.
+SFT_FIXED_ON_RESUME = ("model.path", "lora", "data.train_file", "trainer.seed", "trainer.train_batch_size")
+STATE_FILE = "sft_state.json"
 
 
 @dataclass
@@ -161,6 +172,8 @@ class SFTTrainer(Worker):
         _check_config(cfg, world_size)
         if rank == 0:  # the bundled model is converted once, by one rank
             resolve_model_path(cfg.model.path)
+            if (staging := Path(cfg.trainer.default_local_dir) / ".staging" / STATE_FILE).is_file():
+                publish(staging.parent, staging.parent.parent)  # a save killed while it moved its files
         dist.barrier()
         cfg.model.path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.path)
@@ -172,14 +185,30 @@ class SFTTrainer(Worker):
                               f"trainer.train_batch_size={cfg.trainer.train_batch_size}")
         cfg.optim.total_training_steps = cfg.trainer.total_training_steps if cfg.trainer.total_training_steps > 0 \
             else cfg.trainer.total_epochs * self.steps_per_epoch
+        self.resume_step = resumable_step(cfg, world_size) if cfg.trainer.resume_mode == "auto" else 0
 
         self.model = load_policy(cfg.model, self.device, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
                                  target_modules=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.optim)
+        if 0 < self.resume_step < cfg.optim.total_training_steps:
+            self._load(cfg.trainer.default_local_dir)
         self.generator = HFRollout(cfg.model.path, self.tokenizer, cfg.model.dtype, self.device, prefix_cache=False) \
             if cfg.eval.max_turns > 0 else None
         self.tracker = Tracking(cfg.trainer.logger, cfg.trainer.default_local_dir, cfg.trainer.project_name,
                                 cfg.trainer.experiment_name, config=asdict(cfg)) if rank == 0 else None
+        if self.tracker is not None and self.resume_step > 0:
+            self.tracker.truncate(self.resume_step)  # the log goes on from the saved step
+
+    def _load(self, folder: str) -> None:
+        """The weights and every rank's optimizer, schedule and random state of the unfinished run in `folder`."""
+        if self.cfg.lora.rank > 0:
+            load_adapter_weights(self.model, folder)
+        else:
+            load_full_state_dict(self.model, read_weights(self.model, folder))
+        load_train_state(folder, self.rank, self.optimizer, self.lr_scheduler)
+        if self.rank == 0:
+            print(f"[sft] resuming {folder} after step {self.resume_step} of {self.cfg.optim.total_training_steps}",
+                  flush=True)
 
     def fit(self) -> dict[str, float]:
         try:
@@ -191,13 +220,14 @@ class SFTTrainer(Worker):
     def _fit(self) -> dict[str, float]:
         cfg = self.cfg.trainer
         per_rank = cfg.train_batch_size // self.world_size
-        metrics = self.evaluate()
-        self._log(metrics, 0)
-        total, order = self.cfg.optim.total_training_steps, None
-        for step in range(1, total + 1):
+        if self.resume_step == 0:
+            metrics = self.evaluate()
+            self._log(metrics, 0)
+        total, metrics = self.cfg.optim.total_training_steps, {}
+        for step in range(self.resume_step + 1, total + 1):
             epoch, s = divmod(step - 1, self.steps_per_epoch)
-            if s == 0:  # a new pass over the data, in an order that is the same on every rank
-                order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train))
+            # each pass over the data in an order that is the same on every rank and in a resumed run
+            order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.train))
             start = time.perf_counter()
             batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
             batch = collate(self.train, batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank],
@@ -283,24 +313,28 @@ class SFTTrainer(Worker):
 
     def save(self, step: int) -> None:
         """The adapter (PEFT format) or, in full fine-tuning, the whole model (safetensors), with the tokenizer
-        and the config, in `default_local_dir`; each file is replaced whole, so the folder always holds one
-        finished evaluation's model."""
-        weights = full_state_dict(self.model)  # a collective: every rank takes part, rank 0 writes
+        and the config, in `default_local_dir`, and before the last step each rank's training state (for a
+        resume): written aside, then moved in (`publish`)."""
+        target = Path(self.cfg.trainer.default_local_dir)
+        staging = target / ".staging"
         if self.rank == 0:
-            target = Path(self.cfg.trainer.default_local_dir)
-            staging = target / ".staging"
             shutil.rmtree(staging, ignore_errors=True)
+        weights = full_state_dict(self.model)  # a collective: every rank takes part (after the rmtree), rank 0 writes
+        total = self.cfg.optim.total_training_steps
+        if step < total:
+            save_train_state(staging, self.rank, self.optimizer, self.lr_scheduler)
+        dist.barrier()
+        if self.rank == 0:
             if self.cfg.lora.rank > 0:
                 save_adapter(self.model, weights, staging)
             else:
                 self.model.save_pretrained(staging, state_dict=untied(weights, self.model.config))
             self.tokenizer.save_pretrained(staging)
             OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
-            state = {"step": step, "epoch": step / self.steps_per_epoch, "base_model": self.cfg.model.path}
-            (staging / "sft_state.json").write_text(json.dumps(state), encoding="utf-8")
-            for file in staging.iterdir():
-                os.replace(file, target / file.name)
-            staging.rmdir()
+            state = {"step": step, "total_steps": total, "world_size": self.world_size,
+                     "epoch": step / self.steps_per_epoch, "base_model": self.cfg.model.path}
+            (staging / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")  # the last file: staging is whole
+            publish(staging, target)
             what = "adapter" if self.cfg.lora.rank > 0 else "model (full fine-tuning)"
             print(f"[sft] step {step}: {what} saved to {target}", flush=True)
         dist.barrier()
@@ -317,9 +351,57 @@ def _mean_over_ranks(metrics: dict[str, float], device: torch.device) -> dict[st
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, values)}
 
 
+def publish(staging: Path, target: Path) -> None:
+    """Move a save's files from `staging` (whole: `sft_state.json` is written there last) into `target`: the old
+    `sft_state.json` goes first and the new one comes last, so a folder with that file never mixes two saves,
+    and a move cut short is finished by running this again."""
+    (target / STATE_FILE).unlink(missing_ok=True)
+    for old in target.glob("train_state_rank*.pt"):  # a finished run keeps none
+        if not (staging / old.name).is_file():
+            old.unlink()
+    for file in sorted(staging.iterdir(), key=lambda f: f.name == STATE_FILE):
+        os.replace(file, target / file.name)
+    staging.rmdir()
+
+
+def resumable_step(cfg: SFTConfig, world_size: int) -> int:
+    """The step after which the unfinished run saved in `default_local_dir` stopped (0: none there, start
+    afresh); a ConfigError where that run cannot go on as this one."""
+    folder = Path(cfg.trainer.default_local_dir)
+    if not (folder / STATE_FILE).is_file():
+        return 0
+    state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    start_over = ("start over with trainer.resume_mode=disable (which replaces that model), or save to another "
+                  "trainer.default_local_dir")
+    if "total_steps" not in state:  # written before runs could resume: nothing to continue
+        return 0
+    step, total = state["step"], cfg.optim.total_training_steps
+    if step >= state["total_steps"]:
+        if step == total:
+            print(f"[sft] {folder} holds this run, finished at step {step}: nothing to do", flush=True)
+            return step
+        raise ConfigError(f"{folder} holds a finished run of {step} steps, and a finished run keeps no optimizer "
+                          f"state to go on to {total}: {start_over}; or train further from its weights with "
+                          f"model.path={folder} into another folder")
+    if state["world_size"] != world_size:
+        raise ConfigError(f"{folder} holds an unfinished run of {state['world_size']} rank(s) and this one has "
+                          f"{world_size}: each rank resumes its own optimizer shard; run as many, or {start_over}")
+    changes = config_changes(OmegaConf.to_container(OmegaConf.load(folder / "sft_config.yaml")),
+                             asdict(cfg))
+    fixed = fixed_changes(changes, SFT_FIXED_ON_RESUME)
+    if fixed:
+        raise ConfigError(f"{folder} holds an unfinished run (step {step} of {state['total_steps']}) with other "
+                          f"values of settings a resume cannot change:\n{listed_changes(fixed)}\n{start_over}")
+    if changes:
+        print(f"[sft] resuming {folder} with settings changed since it was saved:\n{listed_changes(changes)}",
+              flush=True)
+    return step
+
+
 def _check_config(cfg: SFTConfig, world_size: int) -> None:
     t = cfg.trainer
     checks = [
+        (t.resume_mode in ("auto", "disable"), f"trainer.resume_mode must be auto or disable, not {t.resume_mode!r}"),
         (cfg.lora.rank >= 0, "lora.rank must be >= 1 (a LoRA adapter) or 0 (full fine-tuning)"),
         (t.total_epochs >= 1, "trainer.total_epochs must be >= 1"),
         (t.total_training_steps == -1 or t.total_training_steps >= 1,

@@ -2,13 +2,18 @@
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ragen.config import ConfigError
 from ragen.overrides import load_config
@@ -236,15 +241,19 @@ def sokoban_data(tmp_path_factory, bundled_model_path) -> Path:
     return folder
 
 
+def finetune_command(data: Path, model_path: str, save_path: Path, ranks: int, *overrides: str) -> list[str]:
+    return ["bash", str(REPO / "sft" / "finetune_lora.sh"), "sokoban", str(ranks), str(save_path),
+            f"model_path={model_path}", f"data.train_file={data / 'train.parquet'}",
+            f"data.test_file={data / 'test.parquet'}", "trainer.train_batch_size=8", "trainer.total_epochs=2",
+            "optim.lr=1e-2", "optim.lr_warmup_steps=0", "lora.rank=8", "lora.alpha=16", "eval.max_turns=4",
+            "eval.max_new_tokens=8",
+            # fp32: ranks cut their micro-batches to other widths, and bf16 results depend on the shapes
+            "model.dtype=float32",
+            *overrides]
+
+
 def finetune(data: Path, model_path: str, save_path: Path, ranks: int, *overrides: str) -> list[dict]:
-    command = ["bash", str(REPO / "sft" / "finetune_lora.sh"), "sokoban", str(ranks), str(save_path),
-               f"model_path={model_path}", f"data.train_file={data / 'train.parquet'}",
-               f"data.test_file={data / 'test.parquet'}", "trainer.train_batch_size=8", "trainer.total_epochs=2",
-               "optim.lr=1e-2", "optim.lr_warmup_steps=0", "lora.rank=8", "lora.alpha=16", "eval.max_turns=4",
-               "eval.max_new_tokens=8",
-               # fp32: ranks cut their micro-batches to other widths, and bf16 results depend on the shapes
-               "model.dtype=float32",
-               *overrides]
+    command = finetune_command(data, model_path, save_path, ranks, *overrides)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads(line) for line in (save_path / "metrics.jsonl").read_text().splitlines()]
@@ -283,6 +292,65 @@ def test_full_fine_tuning_saves_a_whole_model_every_test_freq_steps(sokoban_data
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     changed = [k for k, v in base.state_dict().items() if not torch.equal(v, trained.state_dict()[k])]
     assert len(changed) == len(base.state_dict())  # every weight trained, not an adapter's few
+
+
+def test_a_killed_run_resumes_where_its_last_save_left_it(sokoban_data, tiny_model_path, tmp_path):
+    args = ("lora.rank=0", "trainer.total_training_steps=8", "trainer.test_freq=2", "optim.lr=1e-3",
+            "optim.lr_warmup_steps=3")
+    whole = finetune(sokoban_data, tiny_model_path, tmp_path / "whole", 1, *args)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(finetune_command(sokoban_data, tiny_model_path, killed, 1, *args), env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def saved_step() -> int:  # the newest save's, also where the kill cut its move into the folder short
+        for state in (killed / ".staging" / "sft_state.json", killed / "sft_state.json"):
+            try:
+                return json.loads(state.read_text())["step"]
+            except (OSError, ValueError):
+                pass
+        return 0
+    deadline = time.monotonic() + 300
+    while saved_step() < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for child in psutil.Process(process.pid).children(recursive=True):  # torchrun's worker has its own session
+        child.kill()
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 2 <= saved_step() < 8, "the run was not killed between its first save and its end"
+    unfinished = shutil.copytree(killed, tmp_path / "unfinished")
+
+    resumed = finetune(sokoban_data, tiny_model_path, killed, 1, *args)  # the same command again
+    assert [m["step"] for m in resumed] == list(range(9))  # the log goes on from the save, steps not repeated
+    for a, b in zip(whole, resumed, strict=True):
+        for key in ("sft/loss", "val/loss", "sft/lr"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-6), (a["step"], key)  # same samples, same schedule
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-6) for k in a)
+    assert not list(killed.glob("train_state_rank*.pt"))  # a finished run drops the optimizer state
+
+    def refused(folder: Path, *overrides: str) -> str:
+        result = subprocess.run(finetune_command(sokoban_data, tiny_model_path, folder, 1, *args, *overrides),
+                                capture_output=True, text=True, timeout=300, env=ENV)
+        assert result.returncode != 0, result.stdout[-2000:]
+        return result.stderr
+    assert "trainer.seed: 0 -> 1" in refused(unfinished, "trainer.seed=1")
+    assert "finished run of 8 steps" in refused(killed, "trainer.total_training_steps=10")
+
+
+def test_a_save_cut_short_in_its_move_is_finished_on_the_next_start(tmp_path):
+    from ragen.sft.trainer import publish
+
+    target, staging = tmp_path, tmp_path / ".staging"
+    staging.mkdir()
+    for name, text in (("model.safetensors", "new"), ("train_state_rank0.pt", "new"), ("sft_state.json", "new")):
+        (staging / name).write_text(text)
+    for name in ("model.safetensors", "train_state_rank0.pt", "train_state_rank1.pt"):
+        (target / name).write_text("old")
+    os.replace(staging / "model.safetensors", target / "model.safetensors")  # killed here, after one move
+    publish(staging, target)
+    assert {p.name: p.read_text() for p in target.iterdir()} == {
+        "model.safetensors": "new", "train_state_rank0.pt": "new", "sft_state.json": "new"}  # rank 1's old state gone
 
 
 def test_two_ranks_on_gloo_match_one_rank(one_rank_run, sokoban_data, tiny_model_path, tmp_path):

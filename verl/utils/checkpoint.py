@@ -376,15 +376,14 @@ def check_resume(config: TrainerConfig, world_size: int, run_config: dict) -> di
                           "trainer.n_gpus_per_node, or trainer.n_cpu_ranks_per_node without a GPU), or start "
                           "over (another trainer.experiment_name)")
     changes = config_changes(yaml.safe_load((path / RUN_CONFIG).read_text(encoding="utf-8")), run_config)
-    fixed = {key: change for key, change in changes.items()
-             if any(key == name or key.startswith(name + ".") for name in FIXED_ON_RESUME)}
+    fixed = fixed_changes(changes, FIXED_ON_RESUME)
     if fixed and not config.resume_force:
         raise ResumeError(f"{path} was trained with other values of settings a resume cannot change:\n"
-                          + _listed(fixed) + "\nstart over (another "
+                          + listed_changes(fixed) + "\nstart over (another "
                           "trainer.experiment_name), or set trainer.resume_force=true to resume anyway")
     if changes:
         print(f"resuming {path} with settings changed since it was written (they apply from here on):\n"
-              + _listed(changes), flush=True)
+              + listed_changes(changes), flush=True)
     return changes
 
 
@@ -393,6 +392,12 @@ def config_changes(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
     old, new = _flat(old), _flat(new)
     return {key: (old.get(key, "<absent>"), new.get(key, "<absent>")) for key in sorted(old.keys() | new.keys())
             if old.get(key, "<absent>") != new.get(key, "<absent>")}
+
+
+def fixed_changes(changes: dict[str, tuple[Any, Any]], fixed: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    """The `changes` of keys named in `fixed` or lying under one of them."""
+    return {key: change for key, change in changes.items()
+            if any(key == name or key.startswith(name + ".") for name in fixed)}
 
 
 # Trainer-state fields added after the first checkpoints, with the value that stands for "not recorded": the
@@ -478,7 +483,7 @@ def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
+def listed_changes(changes: dict[str, tuple[Any, Any]]) -> str:
     return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
 
 
