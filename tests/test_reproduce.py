@@ -59,11 +59,11 @@ def test_baselines_play_the_validation_start_states():
     from ragen.envs import baselines
 
     table = reproduce.validation_baselines("frozen_lake", ["trainer.val_seed=700", "es_manager.val.env_groups=40"])
-    env, budget = baselines.resolve_env("FrozenLake")
-    word, share = table["FrozenLake"]["constant"]
+    env, budget = baselines.resolve_env("CoordFrozenLake")
+    word, share = table["CoordFrozenLake"]["constant"]
     assert share == baselines.evaluate(env, baselines.ConstantAgent(word), range(700, 740), budget).success_rate
     assert share != baselines.evaluate(env, baselines.ConstantAgent(word), range(740, 780), budget).success_rate
-    assert 0 <= table["FrozenLake"]["random"] <= 1 and share < table["FrozenLake"]["oracle"]
+    assert 0 <= table["CoordFrozenLake"]["random"] <= 1 and share < table["CoordFrozenLake"]["oracle"]
     assert reproduce.validation_baselines("bandit", ["es_manager.val.env_groups=8"])["BanditTest"]["constant"] is None
 
 

@@ -391,8 +391,8 @@ def test_old_env_keys_go_to_the_recipes_environment():
     from ragen.overrides import rewrite_argv
 
     assert rewrite_argv(["--config-name", "frozen_lake", "env.env_kwargs.size=5", "-m"]) == [
-        "--config-name", "frozen_lake", "-m", "++custom_envs.FrozenLake.env_config.size=5"]
-    assert load("frozen_lake", "env.env_kwargs.size=5").custom_envs["FrozenLake"].env_config["size"] == 5
+        "--config-name", "frozen_lake", "-m", "++custom_envs.CoordFrozenLake.env_config.size=5"]
+    assert load("frozen_lake", "env.env_kwargs.size=5").custom_envs["CoordFrozenLake"].env_config["size"] == 5
 
 
 @pytest.mark.parametrize("old, nearest", [
