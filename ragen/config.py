@@ -480,6 +480,10 @@ def _validate_envs(cfg: RagenConfig) -> None:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:
             raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e
+    for tag in {*cfg.es_manager.train.env_configs.tags, *cfg.es_manager.val.env_configs.tags}:
+        _check(cfg.custom_envs[tag].env_config.get("image_observation", "none") == "none",
+               f"custom_envs.{tag}.env_config.image_observation: the rollout and the trainer take text observations "
+               "only so far (pictures need a vision-language model's processor, not built yet): use 'none'")
 
 
 def _validate_server(key: str, server: EnvServerConfig) -> None:

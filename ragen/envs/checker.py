@@ -1,7 +1,8 @@
 """`check_env`: does a text environment keep the contract the rest of RAGEN relies on?
 
 Gymnasium's own checker covers spaces, seeding and the 5-tuple; this one adds what a text agent needs: string
-observations equal to the "ansi" render, the three `info` keys, invalid text that changes nothing (not the
+observations equal to the "ansi" render (pictures aside: an `<image>` line stands for each of
+`info["images"]`, (H, W, 3) uint8 arrays), the three `info` keys, invalid text that changes nothing (not the
 state, not the random stream, not the step count), episodes that end, and a format example that is an action
 without the reply tags (it need not be valid: the bandit's names no arm). Run it on every new environment
 (README: "Add your own environment").
@@ -15,7 +16,7 @@ import gymnasium
 import numpy as np
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
-from ragen.envs.utils import step_info
+from ragen.envs.utils import IMAGE_PLACEHOLDER, step_info
 
 INFO_KEYS = tuple(step_info(valid=False, effective=False, success=False))  # the keys every step's info carries
 INVALID_ACTIONS = (
@@ -83,9 +84,22 @@ def _check_reset(env: gymnasium.Env, seed: int) -> None:
     obs, info = result
     _require(isinstance(obs, str), f"reset() must return a str observation, got {type(obs).__name__}")
     _require(isinstance(info, dict), f"reset() must return an info dict, got {type(info).__name__}")
-    if env.render_mode == "ansi":
-        _require(obs == env.render(), "the observation must equal render() in 'ansi' mode")
+    _check_observation(env, obs, info)
     _require(env.reset(seed=seed)[0] == obs, "reset(seed=s) twice must give the same first observation")
+
+
+def _check_observation(env: gymnasium.Env, obs: str, info: dict) -> None:
+    """The text equals the "ansi" render, or is pictures only; one picture in `info["images"]` per placeholder."""
+    images = info.get("images", [])
+    _require(obs.count(IMAGE_PLACEHOLDER) == len(images),
+             f"the observation holds {obs.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholder(s) and "
+             f"info['images'] {len(images)} picture(s): one picture per placeholder, in order")
+    _require(all(isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 3 and x.shape[2] == 3
+                 for x in images), "each of info['images'] must be an (H, W, 3) uint8 numpy array")
+    if env.render_mode == "ansi":
+        text = "\n".join(line for line in obs.split("\n") if line != IMAGE_PLACEHOLDER)
+        _require(text == env.render() or (images and text == ""),
+                 "the observation must equal render() in 'ansi' mode (besides its picture placeholders' lines)")
 
 
 def _check_step(env: gymnasium.Env, action: str) -> tuple:
@@ -100,8 +114,7 @@ def _check_step(env: gymnasium.Env, action: str) -> tuple:
     _require(isinstance(info, dict) and all(isinstance(info.get(k), bool) for k in INFO_KEYS),
              f"info must carry the bools {INFO_KEYS}, got {info!r}")
     _require(not (terminated and truncated), "an episode that terminated must not also report truncated")
-    if env.render_mode == "ansi":
-        _require(obs == env.render(), "the observation must equal render() in 'ansi' mode")
+    _check_observation(env, obs, info)
     return result
 
 

@@ -39,8 +39,8 @@ from gymnasium import spaces
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
 from ragen.envs.utils import (
-    COORDINATES_NOTE, check_cell_separator, check_observation_format, choices_text, grid_space, grid_to_rgb,
-    observation_text, step_info, tile,
+    COORDINATES_NOTE, check_cell_separator, check_image_observation, check_observation_format, choices_text,
+    grid_space, grid_to_rgb, image_space, observation_text, step_info, tile, with_image,
 )
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
@@ -75,6 +75,8 @@ LEGEND_TEXT = (
     f"a hole, {PLAYER_ON_GOAL} you reached the goal."
 )
 ACTIONS_TEXT = "Actions: Left, Down, Right, Up."
+PICTURE_TEXT = ("Each state shows a picture of the lake, one square tile per cell: light blue ice, dark blue "
+                "hole, green goal with a yellow square, and you as a red disc.")
 COORDINATES_TEXT = COORDINATES_NOTE + " Player is where you are; a map without holes has no Holes line."
 INSTRUCTIONS = "\n".join([TASK_TEXT, LEGEND_TEXT, ACTIONS_TEXT])
 COORDINATE_LABELS = ("Start", "Goal", "Player", "Holes")  # the coordinate lines, in the order written
@@ -92,10 +94,12 @@ class FrozenLakeConfig:
     max_steps: int = 100  # valid actions before the episode is truncated
     cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
     observation_format: str = "grid"  # "grid", "grid_coord" or "coord" (see the module docstring)
+    image_observation: str = "none"  # "none", "alone" (a picture instead of the text) or "with_text" (utils)
 
     def __post_init__(self) -> None:
         check_cell_separator(self.cell_separator)
         check_observation_format(self.observation_format)
+        check_image_observation(self.image_observation)
         if self.size < 2:
             raise ValueError(f"size={self.size} must be >= 2: the start and the goal need separate cells")
         if not 0.0 < self.p <= 1.0:
@@ -162,10 +166,14 @@ def optimal_policy(desc: list[str] | np.ndarray, is_slippery: bool, gamma: float
     return (expected_reward + gamma * continue_prob @ values).argmax(axis=1)
 
 
-def _instructions(observation_format: str, is_slippery: bool) -> str:
+def _instructions(observation_format: str, is_slippery: bool, image_observation: str = "none") -> str:
     lines = {"grid": [TASK_TEXT, LEGEND_TEXT, ACTIONS_TEXT],
              "grid_coord": [TASK_TEXT, LEGEND_TEXT, COORDINATES_TEXT, ACTIONS_TEXT],
              "coord": [TASK_TEXT, COORDINATES_TEXT, ACTIONS_TEXT]}[observation_format]  # coord: no symbols to explain
+    if image_observation == "alone":  # no text state to explain
+        lines = [TASK_TEXT, PICTURE_TEXT, ACTIONS_TEXT]
+    elif image_observation == "with_text":
+        lines = [TASK_TEXT, PICTURE_TEXT, *lines[1:]]
     return "\n".join(lines) + (SLIPPERY_NOTE if is_slippery else "")
 
 
@@ -196,7 +204,7 @@ class FrozenLakeEnv(gymnasium.Env):
             raise ValueError(f"render_mode={render_mode!r} must be one of {self.metadata['render_modes']}")
         self.config = config
         self.render_mode = render_mode
-        self.instructions = _instructions(config.observation_format, config.is_slippery)
+        self.instructions = _instructions(config.observation_format, config.is_slippery, config.image_observation)
         self.observation_space = self._space(config.size, config.size)
         self.action_space = spaces.Text(max_length=16)
         self.lake: gym_frozen_lake.FrozenLakeEnv | None = None  # built by reset
@@ -223,7 +231,7 @@ class FrozenLakeEnv(gymnasium.Env):
         self.lake.np_random = self.np_random
         self.lake.reset()
         self.num_steps = 0
-        return self._text(), {}
+        return self._observation()
 
     @property
     def position(self) -> tuple[int, int]:
@@ -234,14 +242,16 @@ class FrozenLakeEnv(gymnasium.Env):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         action_id = ACTIONS.get(action.strip().lower())
         if action_id is None:
-            return self._text(), 0.0, False, False, step_info(False, False, self._on_goal())
+            observation, images = self._observation()
+            return observation, 0.0, False, False, step_info(False, False, self._on_goal()) | images
 
         self.num_steps += 1
         before = self.position
         _, reward, terminated, _, _ = self.lake.step(action_id)
         truncated = not terminated and self.num_steps >= self.config.max_steps
         info = step_info(True, self.position != before, self._on_goal())
-        return self._text(), float(reward), bool(terminated), truncated, info
+        observation, images = self._observation()
+        return observation, float(reward), bool(terminated), truncated, info | images
 
     def _on_goal(self) -> bool:
         return bool(self.desc[self.position] == GOAL_LETTER)
@@ -253,8 +263,13 @@ class FrozenLakeEnv(gymnasium.Env):
         return grid
 
     def _space(self, height: int, width: int) -> spaces.Text:
-        return grid_space(height, width, LEGEND, self.config.cell_separator, self.config.observation_format,
+        text = grid_space(height, width, LEGEND, self.config.cell_separator, self.config.observation_format,
                           COORDINATE_LABELS)
+        return image_space(text, self.config.image_observation)
+
+    def _observation(self) -> tuple[str, dict]:
+        """What the agent is shown, and the info entries that carry its picture (utils.with_image)."""
+        return with_image(self._text(), lambda: grid_to_rgb(self._symbols(), TILES), self.config.image_observation)
 
     def _text(self) -> str:
         player = np.zeros(self.desc.shape, dtype=bool)

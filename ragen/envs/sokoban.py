@@ -41,8 +41,8 @@ import numpy as np
 from gymnasium import spaces
 
 from ragen.envs.utils import (
-    COORDINATES_NOTE, check_cell_separator, check_observation_format, choices_text, grid_space, grid_to_rgb,
-    observation_text, shortest_path, step_info, tile,
+    COORDINATES_NOTE, check_cell_separator, check_image_observation, check_observation_format, choices_text,
+    grid_space, grid_to_rgb, image_space, observation_text, shortest_path, step_info, tile, with_image,
 )
 
 ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
@@ -85,6 +85,7 @@ class SokobanConfig:
     symbols: str = LEGEND
     cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
     observation_format: str = "grid"  # "grid", "grid_coord" or "coord" (see the module docstring)
+    image_observation: str = "none"  # "none", "alone" (a picture instead of the text) or "with_text" (utils)
 
     def __post_init__(self) -> None:
         for name in ("dim_x", "dim_y"):
@@ -109,6 +110,7 @@ class SokobanConfig:
             )
         check_cell_separator(self.cell_separator)
         check_observation_format(self.observation_format)
+        check_image_observation(self.image_observation)
 
 
 def carve_room(height: int, width: int, num_floor: int, rng: np.random.Generator) -> np.ndarray:
@@ -318,13 +320,21 @@ def parse_room(text: str, symbols: str = LEGEND) -> Level:
     return walls, targets, boxes, (int(players[0][0]), int(players[0][1]))
 
 
-def _instructions(symbols: str, observation_format: str = "grid") -> str:
+PICTURE_TEXT = ("Each state shows a picture of the board, one square tile per cell: dark grey wall, beige floor, "
+                "red ring target, brown square box, green square box on target, blue disc player.\n")
+
+
+def _instructions(symbols: str, observation_format: str = "grid", image_observation: str = "none") -> str:
     wall, floor, target, box_on_target, box, player, player_on_target = symbols
     task = ("You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
             "boxes cannot be pulled, and a box against a wall or another box does not move.\n")
+    if image_observation != "none":
+        task += PICTURE_TEXT
+    actions = f"Actions: {', '.join(ACTIONS)}."
+    if image_observation == "alone":  # no text state to explain
+        return task + actions
     legend = (f"Legend: {wall} wall, {floor} floor, {target} target, {box} box, {box_on_target} box on target, "
               f"{player} player, {player_on_target} player on target.\n")
-    actions = f"Actions: {', '.join(ACTIONS)}."
     if observation_format == "grid":
         return task + legend + actions
     coordinates = (f"{COORDINATES_NOTE} Targets lists the targets with nothing on them; a line with no cells is "
@@ -365,7 +375,7 @@ class SokobanEnv(gymnasium.Env):
             raise ValueError(f"render_mode={render_mode!r} must be one of {self.metadata['render_modes']}")
         self.config = config
         self.render_mode = render_mode
-        self.instructions = _instructions(config.symbols, config.observation_format)
+        self.instructions = _instructions(config.symbols, config.observation_format, config.image_observation)
         self.tiles = _tiles(config.symbols)
         self.observation_space = self._space(config.dim_y, config.dim_x)
         self.action_space = spaces.Text(max_length=16)
@@ -381,19 +391,21 @@ class SokobanEnv(gymnasium.Env):
             self.walls, self.targets, self.boxes, self.player = generate_level(self.config, self.np_random)
         self.observation_space = self._space(*self.walls.shape)  # a loaded room sets its own size
         self.num_steps = 0
-        return self._text(), {}
+        return self._observation()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         word = ACTION_BY_WORD.get(action.strip().lower())
         if word is None:
-            return self._text(), 0.0, False, False, step_info(False, False, self._solved())
+            observation, images = self._observation()
+            return observation, 0.0, False, False, step_info(False, False, self._solved()) | images
 
         self.num_steps += 1
         moved, box_reward = self._move(ACTIONS[word])
         solved = self._solved()
         reward = STEP_REWARD + box_reward + (SOLVED_REWARD if solved else 0.0)
         truncated = not solved and self.num_steps >= self.config.max_steps
-        return self._text(), float(reward), solved, truncated, step_info(True, moved, solved)
+        observation, images = self._observation()
+        return observation, float(reward), solved, truncated, step_info(True, moved, solved) | images
 
     def sample_action(self, rng: np.random.Generator) -> str:
         return list(ACTIONS)[int(rng.integers(len(ACTIONS)))]
@@ -439,8 +451,14 @@ class SokobanEnv(gymnasium.Env):
         return grid
 
     def _space(self, height: int, width: int) -> spaces.Text:
-        return grid_space(height, width, self.config.symbols, self.config.cell_separator,
+        text = grid_space(height, width, self.config.symbols, self.config.cell_separator,
                           self.config.observation_format, COORDINATE_LABELS)
+        return image_space(text, self.config.image_observation)
+
+    def _observation(self) -> tuple[str, dict]:
+        """What the agent is shown, and the info entries that carry its picture (utils.with_image)."""
+        return with_image(self._text(), lambda: grid_to_rgb(self._symbol_grid(), self.tiles),
+                          self.config.image_observation)
 
     def _text(self) -> str:
         _, _, target, box_on_target, box, player, player_on_target = self.config.symbols

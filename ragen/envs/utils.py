@@ -83,6 +83,41 @@ def observation_text(observation_format: str, grid: np.ndarray, separator: str, 
     return "\n".join(lines)
 
 
+# Image observations (VAGEN's convention): the observation text holds IMAGE_PLACEHOLDER where each picture of
+# `info["images"]` stands, in order; a picture is an (H, W, 3) uint8 array, the env's `rgb_array` render.
+IMAGE_PLACEHOLDER = "<image>"
+IMAGE_OBSERVATIONS = ("none", "alone", "with_text")
+
+
+def check_image_observation(image_observation: str) -> None:
+    """A grid env's `image_observation`: "none" (text only), "alone" (the picture of the board instead of the
+    text: the observation is IMAGE_PLACEHOLDER) or "with_text" (the picture, then the text of
+    `observation_format`)."""
+    if image_observation not in IMAGE_OBSERVATIONS:
+        raise ValueError(f"image_observation={image_observation!r} must be one of "
+                         f"{', '.join(map(repr, IMAGE_OBSERVATIONS))}: 'none' (text only), 'alone' (a picture of "
+                         "the board instead of the text) or 'with_text' (the picture, then the text)")
+
+
+def with_image(text: str, picture: Callable[[], np.ndarray], image_observation: str) -> tuple[str, dict]:
+    """The observation and its info entries in `image_observation` mode, from the text state and a function
+    that draws the board (called only when a picture is shown)."""
+    if image_observation == "none":
+        return text, {}
+    shown = IMAGE_PLACEHOLDER if image_observation == "alone" else f"{IMAGE_PLACEHOLDER}\n{text}"
+    return shown, {"images": [picture()]}
+
+
+def image_space(text_space: spaces.Text, image_observation: str) -> spaces.Text:
+    """The observation space of `text_space`'s observations in `image_observation` mode (see `with_image`)."""
+    if image_observation == "none":
+        return text_space
+    if image_observation == "alone":
+        return spaces.Text(max_length=len(IMAGE_PLACEHOLDER), charset=IMAGE_PLACEHOLDER)
+    return spaces.Text(max_length=len(IMAGE_PLACEHOLDER) + 1 + text_space.max_length,
+                       charset="".join(sorted(text_space.character_set | set(IMAGE_PLACEHOLDER + "\n"))))
+
+
 def grid_space(
     height: int,
     width: int,

@@ -282,3 +282,45 @@ def test_a_loaded_room_of_another_size_fits_the_space():
     obs = env.reset(options={"room": room})[0]
     assert obs.startswith("Board size: 11 rows x 12 cols") and "Targets: (1, 3)" in obs
     assert env.observation_space.contains(obs)
+
+
+@pytest.mark.parametrize("env_type", ["sokoban", "frozen_lake"])
+@pytest.mark.parametrize("image_observation", ["alone", "with_text"])
+@pytest.mark.parametrize("observation_format", ["grid", "grid_coord", "coord"])
+def test_image_observations_show_the_rgb_render_where_the_placeholder_stands(env_type, image_observation,
+                                                                             observation_format):
+    config = {"observation_format": observation_format, "cell_separator": " "}
+    env = make_env(env_type, config | {"image_observation": image_observation})
+    check_env(env)
+    text_env = make_env(env_type, config)
+    picture_env = type(text_env)(text_env.config, render_mode="rgb_array")
+    observation, info = env.reset(seed=7)
+    text, _ = text_env.reset(seed=7)
+    picture_env.reset(seed=7)
+    for action in ["Down", "Right", "nonsense", "Up"]:  # the picture follows every step, invalid ones too
+        expected = "<image>" if image_observation == "alone" else f"<image>\n{text}"
+        assert observation == expected
+        (image,) = info["images"]
+        assert image.dtype == np.uint8 and np.array_equal(image, picture_env.render())
+        observation, _, _, _, info = env.step(action)
+        text = text_env.step(action)[0]
+        picture_env.step(action)
+    assert "picture" in env.instructions and ("Legend" in env.instructions) == (
+        image_observation == "with_text" and observation_format != "coord")
+
+
+@pytest.mark.parametrize("env_type", ["sokoban", "frozen_lake"])
+def test_text_observations_carry_no_pictures_and_a_bad_image_mode_is_named(env_type):
+    _, info = make_env(env_type, {}).reset(seed=0)
+    assert "images" not in info
+    with pytest.raises(ValueError, match="image_observation='pixels' must be one of 'none', 'alone', 'with_text'"):
+        check_env_config(env_type, {"image_observation": "pixels"})
+
+
+def test_training_on_pictures_is_refused_until_a_vision_language_model_can_read_them():
+    from ragen.config import ConfigError, validate
+    from ragen.overrides import load_config
+
+    cfg = load_config("sokoban", ["+custom_envs.CoordSokoban.env_config.image_observation=alone"])
+    with pytest.raises(ConfigError, match="custom_envs.CoordSokoban.env_config.image_observation"):
+        validate(cfg, world_size=1)
