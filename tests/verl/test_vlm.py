@@ -1,0 +1,47 @@
+"""The vision-language model made here (verl/utils/vlm.py): a language model given a fresh vision tower."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+from ragen.envs import make_env
+from verl.utils.vlm import IMAGE_TOKEN, build_vlm
+
+
+@pytest.fixture(scope="module")
+def vlm_path(tiny_model_path, tmp_path_factory) -> str:
+    return str(build_vlm(tiny_model_path, tmp_path_factory.mktemp("vlm"), image_size=96, patch_size=16,
+                         vision_width=32, vision_layers=1, vision_heads=2))
+
+
+def test_on_text_alone_it_computes_what_the_language_model_did(vlm_path, tiny_model_path):
+    language = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    ids = AutoProcessor.from_pretrained(vlm_path).tokenizer("Push the box onto the target.", return_tensors="pt")
+    expected = language(**ids).logits
+    logits = vlm(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]).logits
+    assert torch.equal(logits[..., :expected.shape[-1]], expected)
+
+
+def test_a_board_picture_becomes_one_image_token_per_cell_and_the_model_answers(vlm_path):
+    _, info = make_env("sokoban", {"image_observation": "alone"}).reset(seed=0)
+    processor = AutoProcessor.from_pretrained(vlm_path)
+    inputs = processor(text=[f"{IMAGE_TOKEN}Where is the player?"], images=[[Image.fromarray(info["images"][0])]],
+                       return_tensors="pt")
+    image_token = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    assert (inputs["input_ids"] == image_token).sum() == 36  # 96 pixels / 16 per patch = 6 x 6 cells
+    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    out = vlm.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
+    other = make_env("sokoban", {"image_observation": "alone"}).reset(seed=1)[1]["images"][0]
+    assert not np.array_equal(other, info["images"][0])
+    moved = processor(text=[f"{IMAGE_TOKEN}Where is the player?"], images=[[Image.fromarray(other)]],
+                      return_tensors="pt")
+    assert not torch.equal(vlm(**inputs).logits[0, -1], vlm(**moved).logits[0, -1])  # the picture reaches the LM
+
+
+def test_a_size_that_does_not_fill_whole_patches_is_refused(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match="image_size=100 must be a multiple of patch_size x scale_factor = 16"):
+        build_vlm(tiny_model_path, tmp_path, image_size=100, patch_size=16)
