@@ -1,0 +1,148 @@
+"""Teach a vision-language model to read a board from its picture: LLaVA's first stage, on rendered frames.
+
+    python -m ragen.sft.vision_align <vlm folder> <output folder> [--env sokoban] [--steps 300] ...
+
+The model (a folder `verl/utils/vlm.py` wrote, or any Idefics3-style model with a processor) is shown the
+picture of a board and asked for its state; the answer it learns is the board's coordinate text (the env's
+`observation_format: coord`: one `(row, col)` line per kind of cell), drawn from the same state as the
+picture, so data costs nothing and is never wrong. The language model stays frozen: the vision tower and the
+connector learn (AdamW, a cosine after `--warmup` steps, bf16 autocast), on boards from start states and from
+random walks of up to `--walk` moves (so that the player, not only the level, varies). One process, no FSDP:
+the parts trained are a few million weights.
+
+Before and after training it scores greedy answers on `--test-boards` boards no training step used (seeds from
+`--test-seed`): `exact`, the share of answers equal to the true text, and `partial`, the mean share of
+coordinate lines right (ragen/world_model_reward.py's per-object credit). Both go to `<output>/score.json`
+and the model, with its processor, to `<output>`.
+"""
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from ragen.envs import make_env
+from ragen.world_model_reward import state_credit
+from verl.utils.vlm import IMAGE_TOKEN
+
+QUESTION = "Where is each thing on the board? Answer with one line of (row, col) coordinates per kind of cell."
+
+
+def boards(env_type: str, seeds: range, walk: int, config: dict | None = None) -> list[tuple[np.ndarray, str]]:
+    """(picture, coordinate text) of one board per seed: its start state after a random walk of 0..walk
+    moves, both drawn by the env from the same state."""
+    env = make_env(env_type, (config or {}) | {"image_observation": "with_text", "observation_format": "coord"})
+    out = []
+    for seed in seeds:
+        observation, info = env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        for _ in range(int(rng.integers(walk + 1))):
+            observation, _, terminated, truncated, info = env.step(env.sample_action(rng))
+            if terminated or truncated:
+                break
+        out.append((info["images"][0], observation.removeprefix(IMAGE_TOKEN + "\n")))
+    return out
+
+
+class Aligner:
+    def __init__(self, model_path: str, lr: float, steps: int, warmup: int):
+        self.processor = AutoProcessor.from_pretrained(model_path)
+        self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32)
+        language = self.model.model.text_model
+        for parameter in [*language.parameters(), *self.model.lm_head.parameters()]:
+            parameter.requires_grad_(False)
+        self.trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trained, lr=lr, weight_decay=0.0)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(
+            (step + 1) / max(warmup, 1), 0.5 * (1 + math.cos(math.pi * min(step / max(steps, 1), 1.0)))))
+        tokenizer = self.processor.tokenizer
+        self.prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"{IMAGE_TOKEN}\n{QUESTION}"}],
+                                                    tokenize=False, add_generation_prompt=True)
+        self.eos = tokenizer.eos_token
+
+    def _inputs(self, pictures: list[np.ndarray], texts: list[str]) -> dict:
+        tokenizer = self.processor.tokenizer
+        tokenizer.padding_side = "left"  # generation continues every row from its last token
+        return self.processor(text=texts, images=[[Image.fromarray(p)] for p in pictures], return_tensors="pt",
+                              padding=True)
+
+    def step(self, batch: list[tuple[np.ndarray, str]]) -> float:
+        """One update on the answers' tokens (the prompt, the picture and padding carry no loss)."""
+        self.model.train()
+        prompts = self._inputs([p for p, _ in batch], [self.prompt] * len(batch))
+        inputs = self._inputs([p for p, _ in batch], [self.prompt + text + self.eos for _, text in batch])
+        labels = inputs["input_ids"].clone()
+        answer_length = inputs["attention_mask"].sum(1) - prompts["attention_mask"].sum(1)
+        width = labels.shape[1]
+        positions = torch.arange(width)[None, :]
+        labels[positions < width - answer_length[:, None]] = -100  # left padding: the answer is each row's end
+        with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16):
+            loss = self.model(**inputs, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.trained, 1.0)
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    @torch.no_grad()
+    def score(self, test: list[tuple[np.ndarray, str]], batch_size: int, max_new_tokens: int) -> dict:
+        self.model.eval()
+        exact = partial = 0.0
+        for start in range(0, len(test), batch_size):
+            chunk = test[start:start + batch_size]
+            inputs = self._inputs([p for p, _ in chunk], [self.prompt] * len(chunk))
+            out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+            replies = self.processor.tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:],
+                                                            skip_special_tokens=True)
+            for reply, (_, truth) in zip(replies, chunk):
+                exact += state_credit(reply.strip(), truth, "exact")
+                partial += state_credit(reply.strip(), truth, "partial")
+        return {"exact": exact / len(test), "partial": partial / len(test), "boards": len(test)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a vision-language model folder (python -m verl.utils.vlm)")
+    parser.add_argument("output", help="where the trained model, its processor and score.json go")
+    parser.add_argument("--env", default="sokoban", choices=["sokoban", "frozen_lake"])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--walk", type=int, default=5, help="random moves after the start state, at most")
+    parser.add_argument("--seed", type=int, default=0, help="the first training board's seed")
+    parser.add_argument("--test-seed", type=int, default=1_000_000)
+    parser.add_argument("--test-boards", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    aligner = Aligner(args.model, args.lr, args.steps, args.warmup)
+    test = boards(args.env, range(args.test_seed, args.test_seed + args.test_boards), args.walk)
+    train = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
+    before = aligner.score(test, args.batch_size, args.max_new_tokens)
+    print(f"[vision] before: exact {before['exact']:.3f}, partial {before['partial']:.3f}", flush=True)
+    losses, start = [], time.perf_counter()
+    for step in range(args.steps):
+        losses.append(aligner.step(train[step * args.batch_size:(step + 1) * args.batch_size]))
+        if (step + 1) % 10 == 0 or step + 1 == args.steps:
+            print(f"[vision] step {step + 1}: loss {np.mean(losses[-10:]):.4f} "
+                  f"({(time.perf_counter() - start) / (step + 1):.1f} s a step)", flush=True)
+    after = aligner.score(test, args.batch_size, args.max_new_tokens)
+    print(f"[vision] after {args.steps} steps: exact {after['exact']:.3f}, partial {after['partial']:.3f}", flush=True)
+    output = Path(args.output)
+    aligner.model.save_pretrained(output)
+    aligner.processor.save_pretrained(output)
+    score = {"before": before, "after": after, "losses": losses, "args": vars(args)}
+    (output / "score.json").write_text(json.dumps(score, indent=1), encoding="utf-8")
+    return score
+
+
+if __name__ == "__main__":
+    main()
