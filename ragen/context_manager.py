@@ -23,6 +23,13 @@ Two rules bound what a prompt holds:
   would exceed `max_model_len`, the trajectory ends after the turn it has played (`context_truncated`);
   no exception. Only a first prompt that cannot fit is an error (a config problem).
 
+Pictures (image environments, VAGEN's convention): a state's text holds `<image>` where each of its pictures
+stands; for a vision-language model (`image_text`, its processor's text for one picture:
+verl/utils/vlm.image_prompt_text) each placeholder becomes exactly the image tokens the processor would write,
+and the trajectory keeps the pictures with the turn that showed them, so `prompt_images` gives the pictures
+of `prompt_ids`, in order, for the engine's pixel input (a test feeds both to the model). A text model, or a
+placeholder without its picture, is an error. Not wired yet: the rollout loop, the engines and the trainer.
+
 Each generated token also gets its kind of text (`reply_kinds`: think, observation, prediction, answer or
 format, by the first character of its text), from which the trainer builds TRICO's selective masks
 (`algorithm.loss_spans`, `algorithm.adv_spans`; verl/trainer/core_algos.py).
@@ -41,6 +48,7 @@ import numpy as np
 import torch
 
 from ragen.config import AgentProxyConfig, ConfigError
+from ragen.envs.utils import IMAGE_PLACEHOLDER
 from verl.protocol import DataProto
 from verl.trainer.config import REPLY_KINDS
 from verl.trainer.core_algos import normalize_scores
@@ -179,6 +187,8 @@ class Trajectory:
     turn_rewards: list[float] = field(default_factory=list)  # env reward + format penalty (+ world-model reward)
     turn_states: list[str] = field(default_factory=list)  # the state each turn answered
     format_ok: list[bool] = field(default_factory=list)
+    images: list[np.ndarray] = field(default_factory=list)  # the pictures of the states, in order (image envs)
+    image_turns: list[int] = field(default_factory=list)  # the turn whose state message shows each picture
 
     def extend(self, ids: list[int], turn: int, log_probs: list[float] | None = None,
                kinds: list[int] | None = None) -> None:
@@ -196,8 +206,11 @@ class Trajectory:
 class ContextManager:
     def __init__(self, tokenizer, config: AgentProxyConfig, instructions: dict[str, str],
                  example_actions: dict[str, tuple[str, ...]], eos_ids: list[int], max_model_len: int = 1 << 30,
-                 action_choices: dict[str, str] | None = None):
+                 action_choices: dict[str, str] | None = None, image_text: str | None = None):
         self.tokenizer, self.config = tokenizer, config
+        # what stands for one picture in this model's prompts: its processor's expansion of IMAGE_PLACEHOLDER
+        # (verl.utils.vlm.image_prompt_text); None for a model that reads text only
+        self.image_text = image_text
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
         self.action_choices = action_choices or {}  # per env tag, where the env lists its moves every turn
         self.eos_ids, self.max_model_len = eos_ids, max_model_len
@@ -222,8 +235,9 @@ class ContextManager:
                    max_model_len=max_model_len, action_choices={tag: text for tag, text in choices.items() if text})
 
     # ---- prompts -------------------------------------------------------------------------------------
-    def start(self, tag: str, obs: str, actions_left: int) -> Trajectory:
-        """The first prompt: system prompt, task instructions, first state, and the reply opening."""
+    def start(self, tag: str, obs: str, actions_left: int, images: tuple[np.ndarray, ...] = ()) -> Trajectory:
+        """The first prompt: system prompt, task instructions, first state (with its `images`, one per
+        IMAGE_PLACEHOLDER in `obs`), and the reply opening."""
         system = [{"role": "system", "content": self._system_prompt(tag)}]
         user = {"role": "user", "content": self._state_message(tag, obs, 1, actions_left, reward=None)}
         system_text = self._render(system, add_generation_prompt=False)
@@ -232,7 +246,9 @@ class ContextManager:
         trajectory = Trajectory(tag=tag)
         trajectory.extend(self._encode(system_text), turn=0)
         trajectory.turn_starts.append(len(trajectory.input_ids))
-        trajectory.extend(self._encode(text[len(system_text):]), turn=0)
+        trajectory.extend(self._encode(text[len(system_text):], images), turn=0)
+        trajectory.images += images
+        trajectory.image_turns += [0] * len(images)
         return trajectory
 
     def prompt_ids(self, trajectory: Trajectory) -> list[int]:
@@ -242,6 +258,12 @@ class ContextManager:
             return trajectory.input_ids
         system_end, first_shown = trajectory.turn_starts[0], trajectory.turn_starts[-window]
         return trajectory.input_ids[:system_end] + trajectory.input_ids[first_shown:]
+
+    def prompt_images(self, trajectory: Trajectory) -> list[np.ndarray]:
+        """The pictures `prompt_ids` shows, in the order of their image tokens there."""
+        window = self.config.max_context_window
+        first_turn = 0 if window < 0 else max(len(trajectory.turn_starts) - window, 0)
+        return [image for image, turn in zip(trajectory.images, trajectory.image_turns) if turn >= first_turn]
 
     def fits(self, trajectory: Trajectory, response_length: int, added: int = 0) -> bool:
         """Whether `added` more prompt tokens and a reply of `response_length` keep it within `max_model_len`."""
@@ -259,8 +281,9 @@ class ContextManager:
         return reply_text(self.tokenizer, response_ids, self.reply_open)
 
     def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int,
-                        response_length: int) -> bool:
-        """Close the assistant turn the way the template does, then add the next state as a user turn.
+                        response_length: int, images: tuple[np.ndarray, ...] = ()) -> bool:
+        """Close the assistant turn the way the template does, then add the next state (with its `images`) as
+        a user turn.
 
         Returns False, adding nothing, when the next state and a reply of `response_length` tokens would
         not fit in `max_model_len`: the trajectory ends with the turns it has.
@@ -272,12 +295,14 @@ class ContextManager:
         if eos_text and close.startswith(eos_text):  # the model already wrote the template's end-of-turn token
             close = close[len(eos_text):]
         user = self._render_user_turn(self._state_message(trajectory.tag, obs, turn + 1, actions_left, reward))
-        close_ids, user_ids = self._encode(close), self._encode(user + self.reply_open)
+        close_ids, user_ids = self._encode(close), self._encode(user + self.reply_open, images)
         if not self.fits(trajectory, response_length, added=len(close_ids) + len(user_ids)):
             return False
         trajectory.extend(close_ids, turn=turn)
         trajectory.turn_starts.append(len(trajectory.input_ids))
         trajectory.extend(user_ids, turn=turn)
+        trajectory.images += images
+        trajectory.image_turns += [turn] * len(images)
         return True
 
     def parse(self, reply: str) -> ParsedReply:
@@ -386,5 +411,16 @@ class ContextManager:
         assert full.startswith(self._probe_prefix), "chat template renders earlier turns differently later on"
         return full[len(self._probe_prefix):]
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, images: tuple[np.ndarray, ...] = ()) -> list[int]:
+        """The ids of environment text; each IMAGE_PLACEHOLDER in it (one per picture in `images`) becomes the
+        model's image tokens, as its processor writes them."""
+        placeholders = text.count(IMAGE_PLACEHOLDER)
+        if placeholders != len(images):
+            raise ValueError(f"a state holds {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) and comes with "
+                             f"{len(images)} picture(s): one picture per placeholder")
+        if images:
+            if self.image_text is None:
+                raise ValueError("a state shows pictures, and this model reads text only: use a vision-language "
+                                 "model, or the env's image_observation=none")
+            text = text.replace(IMAGE_PLACEHOLDER, self.image_text)
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -45,3 +45,38 @@ def test_a_board_picture_becomes_one_image_token_per_cell_and_the_model_answers(
 def test_a_size_that_does_not_fill_whole_patches_is_refused(tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match="image_size=100 must be a multiple of patch_size x scale_factor = 16"):
         build_vlm(tiny_model_path, tmp_path, image_size=100, patch_size=16)
+
+
+def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_and_pictures(vlm_path):
+    from ragen.config import AgentProxyConfig
+    from ragen.context_manager import ContextManager
+    from verl.utils.vlm import image_prompt_text
+
+    processor = AutoProcessor.from_pretrained(vlm_path)
+    env = make_env("sokoban", {"image_observation": "with_text", "cell_separator": " "})
+    obs, info = env.reset(seed=3)
+    image_text = image_prompt_text(processor, info["images"][0])
+    config = AgentProxyConfig(max_turn=3, max_actions_per_turn=1, enable_think=False, max_context_window=1)
+    cm = ContextManager.for_envs(processor.tokenizer, config, {"S": env}, eos_ids=[processor.tokenizer.eos_token_id])
+    cm.image_text = image_text
+    trajectory = cm.start("S", obs, 3, images=tuple(info["images"]))
+    reply = processor.tokenizer.encode("<answer>Down</answer><|im_end|>", add_special_tokens=False)
+    cm.add_response(trajectory, reply, [0.0] * len(reply))
+    obs, _, _, _, info = env.step("Down")
+    assert cm.add_observation(trajectory, obs, -0.1, 2, response_length=16, images=tuple(info["images"]))
+    block = processor.tokenizer.encode(image_text, add_special_tokens=False)  # one picture's ids, as the processor
+    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    for window, shown in ((-1, 2), (1, 1)):  # the whole dialogue, then the last state alone
+        cm.config.max_context_window = window
+        ids, pictures = cm.prompt_ids(trajectory), cm.prompt_images(trajectory)
+        assert len(pictures) == shown and np.array_equal(pictures[-1], info["images"][0])
+        starts = [i for i in range(len(ids)) if ids[i:i + len(block)] == block]
+        assert len(starts) == shown  # each picture shown is one processor block in the ids the engine gets
+        pixels = processor.image_processor([[Image.fromarray(p)] for p in pictures], return_tensors="pt")
+        pixels = {k: v.reshape(1, -1, *v.shape[2:]) for k, v in pixels.items()}  # one prompt, its pictures in order
+        vlm(input_ids=torch.tensor([ids]), **pixels)  # the model finds one embedding slot per image feature
+    with pytest.raises(ValueError, match="1 <image> placeholder\\(s\\) and comes with 0 picture"):
+        cm.start("S", obs, 3)
+    cm.image_text = None
+    with pytest.raises(ValueError, match="this model reads text only"):
+        cm.start("S", obs, 3, images=tuple(info["images"]))

@@ -22,7 +22,9 @@ Until its vision tower is trained it sees nothing useful: it is the starting poi
 import argparse
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 from transformers import AutoConfig, AutoModelForCausalLM, Idefics3Config, Idefics3ForConditionalGeneration, \
     Idefics3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -74,6 +76,18 @@ def build_vlm(language_model: str, output: str | Path, image_size: int = 96, pat
     model.save_pretrained(output)
     processor.save_pretrained(output)
     return output
+
+
+def image_prompt_text(processor, picture: np.ndarray) -> str:
+    """What `processor` writes in a prompt for one `picture` (the tokens its model fills with the picture's
+    embeddings, and those around them), as text that the tokenizer encodes back to exactly those ids."""
+    ids = processor(text=[IMAGE_TOKEN], images=[[Image.fromarray(picture)]], add_special_tokens=False)["input_ids"][0]
+    ids = list(map(int, ids))
+    text = processor.tokenizer.decode(ids)
+    if processor.tokenizer.encode(text, add_special_tokens=False) != ids:
+        raise ValueError(f"{type(processor).__name__}'s image tokens do not survive decoding and encoding again: "
+                         "their text cannot stand in a prompt built as text")
+    return text
 
 
 def main() -> None:
