@@ -45,7 +45,7 @@ class AgentProxy:
 
     def rollout(self, step: int) -> Rollout:
         states = self.env_manager.reset(step)
-        trajectories = [self.context.start(s.tag, s.obs, s.actions_left) for s in states]
+        trajectories = [self.context.start(s.tag, s.obs, s.actions_left, s.images) for s in states]
         records = [trajectory_record(s, step, self.split) for s in states]
         self._check_first_prompts(states, trajectories)
         world = self.config.world_model_reward
@@ -87,7 +87,8 @@ class AgentProxy:
                     "action_valid": record.valid, "action_effective": record.effective, "reward": reward,
                     "done": state.done} | world_model)
                 if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
-                        trajectory, state.obs, task_reward, state.actions_left, self.sampling.max_new_tokens):
+                        trajectory, state.obs, task_reward, state.actions_left, self.sampling.max_new_tokens,
+                        state.images):
                     state.done = state.context_truncated = True
         for state, record in zip(states, records):
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),

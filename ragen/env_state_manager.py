@@ -64,6 +64,7 @@ class EnvState:
     max_actions: int
     level: int | None = None  # the curriculum's value of its key for this start state; None without a curriculum
     obs: str = ""
+    images: tuple = ()  # the pictures of `obs` (info["images"] of an image env), one per <image> placeholder
     actions_taken: int = 0
     done: bool = False
     success: bool = False
@@ -113,19 +114,19 @@ class EnvStateManager:
             state.actions_taken, state.done, state.success, state.turns = 0, False, False, []
             state.context_truncated, state.error = False, None
 
-        def start(state: EnvState) -> tuple[str, Exception | None]:
+        def start(state: EnvState) -> tuple[tuple[str, dict], Exception | None]:
             try:
                 level = levels[state.group_id] if levels is not None else None
                 if level != state.level:
                     self._swap_env(state, self._make_env(state.tag, level), level)
                 stream = [state.seed, state.env_id % self.config.group_size]
-                return start_episode(state.env, state.seed, stream)[0], None
+                return start_episode(state.env, state.seed, stream), None
             except Exception as e:  # an env (or its server) that fails to start ends only its own trajectory
-                return "", e
+                return ("", {}), e
 
         outcomes = list(self.executor.map(start, self.states))  # concurrently, as step_all
-        for state, (obs, error) in zip(self.states, outcomes, strict=True):
-            state.obs = obs
+        for state, ((obs, info), error) in zip(self.states, outcomes, strict=True):
+            state.obs, state.images = obs, tuple(info.get("images", ()))
             if error is not None:
                 self._fail(state, None, error)
         return self.states
@@ -176,6 +177,7 @@ class EnvStateManager:
             try:
                 state.obs, reward, terminated, truncated, info = call_with_timeout(
                     state.env.step, action, self.env_step_timeout_s)
+                state.images = tuple(info.get("images", ()))
                 reward = float(reward)
                 if not math.isfinite(reward):  # it would turn its whole group's advantages into NaN
                     raise ValueError(f"env.step returned a non-finite reward ({reward})")

@@ -170,3 +170,16 @@ def test_end_rollout_without_a_curriculum_reports_nothing():
     em = manager()
     em.reset(step=1)
     assert em.end_rollout() == {} and em.curriculum is None
+
+
+def test_an_image_env_state_carries_the_pictures_of_its_observation():
+    pictured = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=3,
+                               env_config={"image_observation": "with_text"})
+    em = EnvStateManager(EnvGroupsConfig(env_groups=1, group_size=2, env_configs=EnvMixConfig(tags=["Pictured"], n_groups=[1])),
+                         {"Pictured": pictured}, seed=100)
+    state = em.reset(step=1)[0]
+    assert state.obs.startswith("<image>\n") and len(state.images) == 1 and state.images[0].shape == (96, 96, 3)
+    first = state.images[0]
+    em.step(0, ["Left", "Up"])
+    assert len(state.images) == 1 and state.images[0] is not first  # the picture of the new state
+    assert all(s.images == () for s in manager().reset(step=1))  # text envs: none
