@@ -80,3 +80,28 @@ def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_a
     cm.image_text = None
     with pytest.raises(ValueError, match="this model reads text only"):
         cm.start("S", obs, 3, images=tuple(info["images"]))
+
+
+def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_does(vlm_path, tiny_model_path):
+    from verl.utils.vlm import image_prompt_text
+    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    processor = AutoProcessor.from_pretrained(vlm_path)
+    pictures = [make_env("sokoban", {"image_observation": "alone"}).reset(seed=s)[1]["images"][0] for s in (0, 1)]
+    prompts = [processor.tokenizer.encode(image_prompt_text(processor, p) + "Where is the player?",
+                                          add_special_tokens=False) for p in pictures]
+    prompts[1] = prompts[1][:-2]  # rows of two lengths: left padding
+    engine = HFRollout(vlm_path, processor.tokenizer, "float32", torch.device("cpu"))
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=5)
+    out = engine.generate(prompts, sampling, images=[[p] for p in pictures])
+    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    assert all(out.token_ids)
+    for prompt, picture, response in zip(prompts, pictures, out.token_ids):
+        pixels = processor.image_processor([[Image.fromarray(picture)]], return_tensors="pt")
+        alone = vlm.generate(input_ids=torch.tensor([prompt]), **pixels, max_new_tokens=5, do_sample=False,
+                             eos_token_id=engine.eos_ids)
+        assert response == alone[0, len(prompt):].tolist()[:len(response)]
+    text_engine = HFRollout(tiny_model_path, processor.tokenizer, "float32", torch.device("cpu"))
+    with pytest.raises(ValueError, match="need a vision-language model"):
+        text_engine.generate(prompts, sampling, images=[[p] for p in pictures])

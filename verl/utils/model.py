@@ -182,11 +182,21 @@ def attention_implementation(compute_dtype: str) -> str:
     return "sdpa"
 
 
-def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
-    from transformers import AutoModelForCausalLM
+def is_vision_language(path: str) -> bool:
+    """Whether the model at `path` reads pictures (its config has a vision tower: Idefics3, Qwen2-VL, ...)."""
+    from transformers import AutoConfig
 
+    return hasattr(AutoConfig.from_pretrained(path), "vision_config")
+
+
+def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
+    """The model at `path` for generation and training: a causal LM, or a vision-language model (which
+    generates text like one, given its pictures as pixel inputs)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
+        return auto.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
     except OSError as e:
         raise ModelNotFoundError(f"could not load model {path!r}: {e}. With HF_HUB_OFFLINE=1 a hub id must "
                                  "already be in the local Hugging Face cache") from e

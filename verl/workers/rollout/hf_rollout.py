@@ -11,15 +11,20 @@ Log-probs of the sampled tokens: a logits processor (`SampledLogProbs`) sees eac
 temperature and top-k / top-p warpers and keeps one step's log-softmax at a time; at the next step it reads
 the token that was sampled from it (`generate`'s `output_logits` would hold all G x B x V logits of the call:
 2.5 GB for 400 steps x 32 rows x SmolLM2's 49k vocabulary).
+
+Pictures: a vision-language model (verl/utils/vlm.py) generates from prompts whose image tokens the context
+manager wrote (`prompt_images`), given each prompt's pictures (`images`), which its processor turns into
+pixel inputs. Such a call does not use or keep the prefix cache.
 """
 
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from PIL import Image
+from transformers import AutoProcessor, DynamicCache, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from verl.utils.fingerprint import Fingerprint, weight_fingerprints
-from verl.utils.model import DTYPES, eos_token_ids, load_causal_lm
+from verl.utils.model import DTYPES, eos_token_ids, is_vision_language, load_causal_lm
 from verl.workers.rollout.base import Generation, SamplingParams, sampled_log_probs
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
 
@@ -40,6 +45,7 @@ class HFRollout:
         self.device = device
         self.dtype = DTYPES[dtype]
         self.model = load_causal_lm(model_path, dtype).to(device).eval()
+        self.processor = AutoProcessor.from_pretrained(model_path) if is_vision_language(model_path) else None
         self.eos_ids = eos_token_ids(model_path, tokenizer)
         self.prefix_cache = prefix_cache
         self.prefix_cache_max_bytes = prefix_cache_max_bytes
@@ -56,11 +62,14 @@ class HFRollout:
         self._cache = None
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Generation:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams,
+                 images: list[list] | None = None) -> Generation:
+        """`images`: each prompt's pictures ((H, W, 3) uint8 arrays), in the order of its image tokens."""
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         pad_id = self.tokenizer.pad_token_id
-        cache, self._cache = self._cache, None  # freed as soon as the rows are selected
+        pixels = self._pixel_inputs(images) if images is not None and any(images) else {}
+        cache, self._cache = (None, None) if pixels else (self._cache, None)  # freed once the rows are selected
         history, history_ids, history_mask, shared = take_history(cache, prompt_ids)
         chunks = [ids[n:] for ids, n in zip(prompt_ids, shared)]  # what the cache does not hold yet
         input_ids, chunk_mask = left_padded(chunks, pad_id)  # (B, C) each
@@ -84,15 +93,26 @@ class HFRollout:
             pad_token_id=pad_id,
             stop_strings=sampling.stop or None,
             tokenizer=self.tokenizer if sampling.stop else None,
+            **pixels,
         )
         generated = output.sequences[:, width:].cpu()  # (B, G), G <= max_new_tokens, finished rows padded
         responses = [self._cut(row, sampling.stop) for row in generated.tolist()]
         log_probs = scorer.finish(generated[:, -1])  # (B, G)
         self.last_prompt_tokens, self.last_reused_tokens = sum(map(len, prompt_ids)), sum(shared)
-        if self.prefix_cache:
+        if self.prefix_cache and not pixels:
             self._keep(getattr(output, CACHE_FIELD), torch.cat([history_ids, input_ids, generated], dim=1),
                        attention_mask, [len(r) for r in responses])
         return Generation(responses, [row[:len(r)] for row, r in zip(log_probs.tolist(), responses)])
+
+    def _pixel_inputs(self, images: list[list]) -> dict[str, torch.Tensor]:
+        """The processor's pixel inputs for each prompt's pictures (a prompt with fewer gets blank padding
+        pictures, which the model skips)."""
+        if self.processor is None:
+            raise ValueError("prompts with pictures need a vision-language model; this one reads text only")
+        pictures = [[Image.fromarray(picture) for picture in row] for row in images]
+        inputs = self.processor.image_processor(pictures, return_tensors="pt")
+        return {key: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
+                for key, value in inputs.items()}
 
     def _keep(self, cache: DynamicCache, token_ids: torch.Tensor, prompt_mask: torch.Tensor,
               kept: list[int]) -> None:
