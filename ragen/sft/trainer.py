@@ -376,6 +376,12 @@ def resumable_step(cfg: SFTConfig, world_size: int) -> int:
     if "total_steps" not in state:  # written before runs could resume: nothing to continue
         return 0
     step, total = state["step"], cfg.optim.total_training_steps
+    changes = config_changes(OmegaConf.to_container(OmegaConf.load(folder / "sft_config.yaml")),
+                             asdict(cfg))
+    fixed = fixed_changes(changes, SFT_FIXED_ON_RESUME)
+    if fixed:
+        raise ConfigError(f"{folder} holds a run (step {step} of {state['total_steps']}) with other values of "
+                          f"settings a resume cannot change:\n{listed_changes(fixed)}\n{start_over}")
     if step >= state["total_steps"]:
         if step == total:
             print(f"[sft] {folder} holds this run, finished at step {step}: nothing to do", flush=True)
@@ -386,12 +392,6 @@ def resumable_step(cfg: SFTConfig, world_size: int) -> int:
     if state["world_size"] != world_size:
         raise ConfigError(f"{folder} holds an unfinished run of {state['world_size']} rank(s) and this one has "
                           f"{world_size}: each rank resumes its own optimizer shard; run as many, or {start_over}")
-    changes = config_changes(OmegaConf.to_container(OmegaConf.load(folder / "sft_config.yaml")),
-                             asdict(cfg))
-    fixed = fixed_changes(changes, SFT_FIXED_ON_RESUME)
-    if fixed:
-        raise ConfigError(f"{folder} holds an unfinished run (step {step} of {state['total_steps']}) with other "
-                          f"values of settings a resume cannot change:\n{listed_changes(fixed)}\n{start_over}")
     if changes:
         print(f"[sft] resuming {folder} with settings changed since it was saved:\n{listed_changes(changes)}",
               flush=True)
