@@ -129,7 +129,7 @@ def main() -> None:
                         help="maps where the best constant move's success probability is below this")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # options may follow the key=value overrides
     records = [json.loads(line) for line in args.trajectories.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not records:
         raise SystemExit(f"{args.trajectories} holds no episodes")

@@ -24,7 +24,9 @@ that was interrupted (killed, or the laptop shut) with the same command resumes 
 so a reproduction longer than one sitting can be run in pieces. A different command starts the seed anew.
 Seeds may run at once in separate processes (`--seeds 1`, `--seeds 2`, ... with the same `--out` and
 arguments; each trains only its own seed, and its table of that seed alone is replaced later), after which
-`--seeds 1 2 ...` reads them back and writes the table of all.
+`--seeds 1 2 ...` reads them back and writes the table of all. `--table` trains nothing and writes the table from
+the runs already in `--out`, interrupted ones included up to their last validation (results.json lists them under
+"interrupted"): for runs cut short, or made on another machine (name it with `--machine`).
 """
 
 import argparse
@@ -114,6 +116,17 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     return record
 
 
+def recorded_run(seed: int, run_dir: Path) -> dict:
+    """The record of a run already in the output folder, for `--table`: the finished one's, else the interrupted
+    one's so far (with "finished": False)."""
+    done, started = bookkeeping(run_dir)
+    if done.is_file():
+        return json.loads(done.read_text(encoding="utf-8"))
+    if started.is_file():
+        return json.loads(started.read_text(encoding="utf-8")) | {"finished": False}
+    sys.exit(f"[reproduce] seed {seed}: no run in {run_dir} to tabulate (--table trains nothing)")
+
+
 def bookkeeping(run_dir: Path) -> tuple[Path, Path]:
     """(the finished run's record, the started run's command and wall time so far), beside the run folder:
     the trainer starts afresh only in an empty folder."""
@@ -140,11 +153,12 @@ def signal_means(rows: list[dict], window: int = 5) -> dict[str, tuple[float, fl
     return means
 
 
-def provenance(recipe: str, overrides: list[str]) -> dict:
-    """What the table's numbers were measured with: the model, the machine, the code and the day."""
+def provenance(recipe: str, overrides: list[str], machine: str | None = None) -> dict:
+    """What the table's numbers were measured with: the model, the machine (this one unless named), the day."""
     import torch
 
-    machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{len(os.sched_getaffinity(0))} CPU cores"
+    if machine is None:
+        machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{len(os.sched_getaffinity(0))} CPU cores"
     return {"model": str(load_config(recipe, overrides).model_path), "machine": machine,
             "date": time.strftime("%Y-%m-%d")}
 
@@ -194,11 +208,12 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
         table[tag] = {"before": before, "after": after, "after_mean": statistics.mean(after),
                       "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,  # sample std over seeds
                       "before_mean": statistics.mean(before)}
-    return {"recipe": recipe, **provenance(recipe, args.overrides), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
+    return {"recipe": recipe, **provenance(recipe, args.overrides, getattr(args, "machine", None)), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False),
             "warm_start_args": getattr(args, "warm_start_args", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "code": {seed: run["code"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
+            "interrupted": [seed for seed, run in runs.items() if not run.get("finished", True)],
             "baselines": baselines,
             "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
 
@@ -217,7 +232,12 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {tag} | {base['random']:.3f} | {constant} | {oracle} | {row['before_mean']:.3f} | "
                      f"{row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
     times = ", ".join(f"{t / 60:.1f}" for t in summary["wall_time_s"].values())
-    lines += ["", f"Steps per run: {sorted(set(summary['steps'].values()))}; wall time per run (min): {times}.",
+    stopped = summary.get("interrupted")
+    lines += ["", f"Steps per run (the last validated): {sorted(set(summary['steps'].values()))}; "
+              f"wall time per run (min): {times}."]
+    if stopped:
+        lines += [f"Interrupted before their last step, read up to their last validation: seeds {stopped}."]
+    lines += [
               f"Extra overrides: {summary['overrides'] or 'none'}.", "",
               "Echo-trap signals, mean of the first 5 training steps -> mean of the last 5:", "",
               "| seed | " + " | ".join(SIGNALS.values()) + " |", "|---" * (len(SIGNALS) + 1) + "|"]
@@ -311,6 +331,9 @@ def main() -> None:
                         help="an argument of sft/warm_start.sh for every warm start: a key=value of the SFT trainer "
                         "(trainer.total_training_steps=200) or an option of its data (--warm-start-arg=--noise=0.2); "
                         "repeat it for several")
+    parser.add_argument("--table", action="store_true",
+                        help="train nothing: write the table from the runs in --out, finished or interrupted")
+    parser.add_argument("--machine", help="the machine the runs were made on, for the table (default: this one)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
     out = (args.out or ROOT / "results" / args.recipe).resolve()
@@ -320,15 +343,21 @@ def main() -> None:
     runs = {}
     for seed in args.seeds:
         run_dir = out / "runs" / f"seed_{seed}"
-        seed_overrides = overrides
-        if args.warm_start:
-            model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}", args.warm_start_args)
-            seed_overrides = [f"model_path={model}", *overrides]
-        record = train(args.recipe, seed, run_dir, args, seed_overrides)
+        if args.table:
+            record = recorded_run(seed, run_dir)
+        else:
+            seed_overrides = overrides
+            if args.warm_start:
+                model = warm_start(args.recipe, seed, out / "runs" / f"warm_seed_{seed}", args.warm_start_args)
+                seed_overrides = [f"model_path={model}", *overrides]
+            record = train(args.recipe, seed, run_dir, args, seed_overrides)
         wall = record["wall_time_s"]
         rows = read_metrics(run_dir)
         runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
-                      "wall_time_s": wall, "rows": rows, "code": record["code"]}
+                      "wall_time_s": wall, "rows": rows, "code": record["code"],
+                      "finished": record.get("finished", True)}
+        if not runs[seed]["val"]:
+            sys.exit(f"[reproduce] seed {seed}: no validation in {run_dir}/metrics.jsonl yet, nothing to tabulate")
         changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
     summary = summarise(runs, args.recipe, args,

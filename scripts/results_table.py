@@ -25,7 +25,7 @@ BEGIN = "<!-- results table: written by scripts/results_table.py from public/res
 END = "<!-- end of results table -->"
 DETAILS = {"README.md": "docs/recipes-and-results.md#results", "docs/recipes-and-results.md": "#results"}
 # RAGEN's published success rates (Qwen2.5-0.5B; see the research notes), per validation tag
-PAPER = {"Bandit": "100 %", "BanditTest": "100 %", "FrozenLake": "21.8 % (StarPO-S)",
+PAPER = {"Bandit": "100 %", "BanditTest": "100 %", "FrozenLake": "21.8 % (StarPO-S)", "CoordFrozenLake": "21.8 % (StarPO-S)",
          "CoordSokoban": "20.3 % (RL), 74.6 % (SFT)", "SimpleSokoban": "20.3 % (RL), 74.6 % (SFT)"}
 RECIPES = ["bandit", "frozen_lake", "sokoban", "countdown"]  # train.sh's recipes, in the README's order
 
@@ -50,8 +50,11 @@ def measured_row(name: str, tag: str, result: dict, details: str) -> str:
     oracle = "—" if base["oracle"] is None else percent(base["oracle"])
     steps = "/".join(map(str, sorted(set(result["steps"].values()))))
     # with --warm-start, "before" is each seed's warm start (sft/warm_start.sh), not the untrained model
-    runs = f"warm start ({' '.join(result['warm_start_args']) or 'defaults'}) + RL, {steps} steps" \
-        if result.get("warm_start") else f"{steps} steps"
+    rl = f"{steps} steps" if steps != "0" else "no RL step validated"
+    if result.get("interrupted"):
+        rl += f" (runs of seeds {', '.join(map(str, result['interrupted']))} stopped early)"
+    runs = f"warm start ({' '.join(result['warm_start_args']) or 'defaults'}) + RL, {rl}" \
+        if result.get("warm_start") else rl
     how = (f"`{name}`: {len(seeds)} seeds, {runs}, {result['val_groups']} states from "
            f"seed {result['val_seed']}; {result['model'].rsplit('/', 1)[-1]}, {result['machine']}, "
            f"{result['date']} ([details]({details}))")

@@ -149,6 +149,11 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
     text = module.table(module.load_results(tmp_path), "#results")
     assert "`sokoban_warm_start`: 3 seeds, warm start (--train-size=8000) + RL, 1 steps, 64 states" in text
     assert "| `sokoban` | no published" not in text
+    stopped = warm | {"steps": {"1": 0, "2": 0, "3": 0}, "interrupted": [1, 2, 3]}  # RL cut before a validation
+    (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(stopped))
+    text = module.table(module.load_results(tmp_path), "#results")
+    assert ("warm start (--train-size=8000) + RL, no RL step validated (runs of seeds 1, 2, 3 stopped early)"
+            in text)
     (tmp_path / "sokoban_warm_start" / "results.json").unlink()
     text = module.table(module.load_results(tmp_path), "#results")
 

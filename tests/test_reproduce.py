@@ -151,3 +151,27 @@ def test_a_warm_start_is_made_once_per_seed_and_reused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="warm start of seed 3 failed"):
         reproduce.warm_start("sokoban", 3, tmp_path / "warm_seed_3", [])
     assert not (tmp_path / "warm_seed_3" / "warm_start.json").exists()  # the same command makes it again
+
+
+def test_the_table_of_interrupted_runs_says_so(tmp_path):
+    """`--table`: a run stopped before its end is read up to its last validation and listed as interrupted."""
+    run_dir = tmp_path / "runs" / "seed_1"
+    with pytest.raises(SystemExit, match="no run"):
+        reproduce.recorded_run(1, run_dir)
+    run_dir.mkdir(parents=True)
+    started = reproduce.bookkeeping(run_dir)[1]
+    started.write_text(json.dumps({"command": ["train.sh"], "wall_time_s": 300.0, "code": ["abc1234"]}))
+    record = reproduce.recorded_run(1, run_dir)
+    assert record["finished"] is False and record["wall_time_s"] == 300.0
+
+    rows = [{"step": 0, "val-env/Bandit/success": 0.4}, {"step": 1, "train/Bandit/success": 0.5}]
+    runs = {1: {"val": reproduce.success_curves(rows, "val-env"), "train": reproduce.success_curves(rows, "train"),
+                "wall_time_s": 300.0, "rows": rows, "code": ["abc1234"], "finished": False},
+            2: {"val": {"Bandit": {0: 0.3, 5: 0.6}}, "train": {}, "wall_time_s": 60.0, "rows": [], "code": ["x"]}}
+    args = argparse.Namespace(val_seed=5, val_groups=64, overrides=[], machine="NVIDIA H100 80GB HBM3")
+    summary = reproduce.summarise(runs, "bandit", args, {"Bandit": {"random": 0.5, "constant": None, "oracle": 1.0}})
+    assert summary["interrupted"] == [1] and summary["steps"] == {1: 0, 2: 5}
+    assert summary["machine"] == "NVIDIA H100 80GB HBM3"  # named, not this machine
+    assert summary["val_success"]["Bandit"]["after"] == [0.4, 0.6]  # seed 1: its last validation, step 0
+    assert "Interrupted before their last step, read up to their last validation: seeds [1]." in \
+        reproduce.markdown(summary)
