@@ -57,6 +57,10 @@ class AgentProxy:
             sampling = replace(self.sampling, seed=self.seed + 1000 * step + turn)
             prompt_ids = [self.context.prompt_ids(trajectories[s.env_id]) for s in active]
             prompts = DataProto(non_tensor_batch={"prompt_ids": prompt_ids}, meta_info={"sampling": sampling})
+            if any(trajectories[s.env_id].images for s in active):  # image envs: each prompt's pictures, in order
+                pictures = np.empty(len(active), dtype=object)  # a list per row (numpy would stack equal sizes)
+                pictures[:] = [self.context.prompt_images(trajectories[s.env_id]) for s in active]
+                prompts.non_tensor_batch["prompt_images"] = pictures
             generated = self.actor_rollout_wg.generate_sequences(prompts).non_tensor_batch
             if len(generated["response_ids"]) != len(active):  # never train on a silently smaller batch
                 raise RuntimeError(f"the rollout engine answered {len(generated['response_ids'])} of "

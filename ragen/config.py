@@ -173,15 +173,16 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the fix."""
 
 
-def validate(cfg: RagenConfig, world_size: int) -> None:
-    """Reject impossible values at start-up, before any model or worker is created."""
+def validate(cfg: RagenConfig, world_size: int, training: bool = True) -> None:
+    """Reject impossible values at start-up, before any model or worker is created (`training=False`: for a
+    validation rollout alone, `python -m ragen.eval`, which never plays the training environments)."""
     _validate_run(cfg, world_size)
     _validate_seeds(cfg)
     _validate_rollout(cfg)
     _validate_optimization(cfg)
     _validate_algorithm(cfg)
     _validate_batch_sizes(cfg, world_size)
-    _validate_envs(cfg)
+    _validate_envs(cfg, training)
     _validate_curriculum(cfg)
     _validate_env_failures(cfg)
     _validate_watchdog(cfg)
@@ -455,7 +456,7 @@ def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
                    "(actor_rollout_ref.rollout.rollout_filter_value=1 turns the filter off)")
 
 
-def _validate_envs(cfg: RagenConfig) -> None:
+def _validate_envs(cfg: RagenConfig, training: bool) -> None:
     """Each mix must name defined envs and add up to its env_groups."""
     for split, groups in (("train", cfg.es_manager.train), ("val", cfg.es_manager.val)):
         mix, key = groups.env_configs, f"es_manager.{split}"
@@ -480,10 +481,17 @@ def _validate_envs(cfg: RagenConfig) -> None:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:
             raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e
-    for tag in {*cfg.es_manager.train.env_configs.tags, *cfg.es_manager.val.env_configs.tags}:
-        _check(cfg.custom_envs[tag].env_config.get("image_observation", "none") == "none",
-               f"custom_envs.{tag}.env_config.image_observation: the rollout and the trainer take text observations "
-               "only so far (pictures need a vision-language model's processor, not built yet): use 'none'")
+    def shows_pictures(tag: str) -> bool:
+        return cfg.custom_envs[tag].env_config.get("image_observation", "none") != "none"
+
+    for tag in filter(shows_pictures, cfg.es_manager.train.env_configs.tags if training else []):
+        raise ConfigError(f"custom_envs.{tag}.env_config.image_observation: the trainer takes text observations only "
+                          "so far (its forward gets no pixel inputs): train with 'none'; a vision-language model "
+                          "can be validated or evaluated on pictures (python -m ragen.eval, rollout.name=hf)")
+    for tag in filter(shows_pictures, cfg.es_manager.val.env_configs.tags):
+        _check(cfg.actor_rollout_ref.rollout.name == "hf",
+               f"custom_envs.{tag}.env_config.image_observation: pictures need the hf rollout engine "
+               f"(actor_rollout_ref.rollout.name=hf, not {cfg.actor_rollout_ref.rollout.name!r})")
 
 
 def _validate_server(key: str, server: EnvServerConfig) -> None:

@@ -24,11 +24,12 @@ Two rules bound what a prompt holds:
   no exception. Only a first prompt that cannot fit is an error (a config problem).
 
 Pictures (image environments, VAGEN's convention): a state's text holds `<image>` where each of its pictures
-stands; for a vision-language model (`image_text`, its processor's text for one picture:
-verl/utils/vlm.image_prompt_text) each placeholder becomes exactly the image tokens the processor would write,
-and the trajectory keeps the pictures with the turn that showed them, so `prompt_images` gives the pictures
-of `prompt_ids`, in order, for the engine's pixel input (a test feeds both to the model). A text model, or a
-placeholder without its picture, is an error. Not wired yet: the rollout loop, the engines and the trainer.
+stands; for a vision-language model (its `processor`; verl/utils/vlm.image_prompt_text) each placeholder
+becomes exactly the image tokens the processor writes for that picture, and the trajectory keeps the pictures
+with the turn that showed them, so `prompt_images` gives the pictures of `prompt_ids`, in order, for the
+engine's pixel input (a test feeds both to the model). A text model, or a placeholder without its picture, is
+an error. The rollout loop hands the pictures to the engine (the hf engine takes them); the trainer does not
+take pictures yet.
 
 Each generated token also gets its kind of text (`reply_kinds`: think, observation, prediction, answer or
 format, by the first character of its text), from which the trainer builds TRICO's selective masks
@@ -52,6 +53,7 @@ from ragen.envs.utils import IMAGE_PLACEHOLDER
 from verl.protocol import DataProto
 from verl.trainer.config import REPLY_KINDS
 from verl.trainer.core_algos import normalize_scores
+from verl.utils.vlm import image_prompt_text
 
 SYSTEM_PROMPT = "You are a helpful assistant that solves tasks step by step."
 ANSWER_CLOSE = "</answer>"  # the rollout's stop string
@@ -206,11 +208,11 @@ class Trajectory:
 class ContextManager:
     def __init__(self, tokenizer, config: AgentProxyConfig, instructions: dict[str, str],
                  example_actions: dict[str, tuple[str, ...]], eos_ids: list[int], max_model_len: int = 1 << 30,
-                 action_choices: dict[str, str] | None = None, image_text: str | None = None):
+                 action_choices: dict[str, str] | None = None, processor=None):
         self.tokenizer, self.config = tokenizer, config
-        # what stands for one picture in this model's prompts: its processor's expansion of IMAGE_PLACEHOLDER
-        # (verl.utils.vlm.image_prompt_text); None for a model that reads text only
-        self.image_text = image_text
+        # a vision-language model's processor, which writes each picture's image tokens; None: text only
+        self.processor = processor
+        self._image_texts: dict[tuple[int, ...], str] = {}  # per picture shape: the processor's text for it
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
         self.action_choices = action_choices or {}  # per env tag, where the env lists its moves every turn
         self.eos_ids, self.max_model_len = eos_ids, max_model_len
@@ -227,12 +229,14 @@ class ContextManager:
 
     @classmethod
     def for_envs(cls, tokenizer, config: AgentProxyConfig, envs: dict, eos_ids: list[int],
-                 max_model_len: int = 1 << 30) -> "ContextManager":
-        """The context manager for environments by tag, with each one's instructions, format example and moves."""
+                 max_model_len: int = 1 << 30, processor=None) -> "ContextManager":
+        """The context manager for environments by tag, with each one's instructions, format example and moves
+        (and a vision-language model's `processor`, for environments that show pictures)."""
         choices = {tag: getattr(env, "action_choices", "") for tag, env in envs.items()}  # an optional attribute
         return cls(tokenizer, config, instructions={tag: env.instructions for tag, env in envs.items()},
                    example_actions={tag: env.example_actions for tag, env in envs.items()}, eos_ids=eos_ids,
-                   max_model_len=max_model_len, action_choices={tag: text for tag, text in choices.items() if text})
+                   max_model_len=max_model_len, action_choices={tag: text for tag, text in choices.items() if text},
+                   processor=processor)
 
     # ---- prompts -------------------------------------------------------------------------------------
     def start(self, tag: str, obs: str, actions_left: int, images: tuple[np.ndarray, ...] = ()) -> Trajectory:
@@ -419,8 +423,16 @@ class ContextManager:
             raise ValueError(f"a state holds {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) and comes with "
                              f"{len(images)} picture(s): one picture per placeholder")
         if images:
-            if self.image_text is None:
+            if self.processor is None:
                 raise ValueError("a state shows pictures, and this model reads text only: use a vision-language "
                                  "model, or the env's image_observation=none")
-            text = text.replace(IMAGE_PLACEHOLDER, self.image_text)
+            pieces = text.split(IMAGE_PLACEHOLDER)
+            text = pieces[0] + "".join(self._image_text(picture) + piece
+                                       for picture, piece in zip(images, pieces[1:], strict=True))
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _image_text(self, picture: np.ndarray) -> str:
+        """The processor's text for one picture (its image tokens), which depends only on the picture's size."""
+        if picture.shape not in self._image_texts:
+            self._image_texts[picture.shape] = image_prompt_text(self.processor, picture)
+        return self._image_texts[picture.shape]

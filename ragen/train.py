@@ -33,8 +33,8 @@ from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.watchdog import WatchdogStop
 from verl.utils import checkpoint, memory, run_folder
 from verl.utils.fingerprint import WeightSyncError
-from verl.utils.model import (ModelNotFoundError, eos_token_ids, load_tokenizer, max_context_length,
-                              resolve_model_path)
+from verl.utils.model import (ModelNotFoundError, eos_token_ids, load_processor, load_tokenizer,
+                              max_context_length, resolve_model_path)
 from verl.utils.tracking import Tracking, quiet_libraries
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
@@ -201,7 +201,8 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
     env_manager = EnvStateManager(groups, cfg.custom_envs, seed, limits=cfg.es_manager)
     context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, env_manager.env_per_tag(),
                                       eos_ids=eos_token_ids(model_path, tokenizer),
-                                      max_model_len=rollout.max_model_len or max_context_length(model_path))
+                                      max_model_len=rollout.max_model_len or max_context_length(model_path),
+                                      processor=load_processor(model_path))
     knobs = rollout if split == "train" else rollout.val_kwargs
     sampling = SamplingParams(temperature=knobs.temperature, top_p=knobs.top_p, top_k=knobs.top_k,
                               max_new_tokens=rollout.response_length, stop=[ANSWER_CLOSE])

@@ -57,8 +57,8 @@ def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_a
     obs, info = env.reset(seed=3)
     image_text = image_prompt_text(processor, info["images"][0])
     config = AgentProxyConfig(max_turn=3, max_actions_per_turn=1, enable_think=False, max_context_window=1)
-    cm = ContextManager.for_envs(processor.tokenizer, config, {"S": env}, eos_ids=[processor.tokenizer.eos_token_id])
-    cm.image_text = image_text
+    cm = ContextManager.for_envs(processor.tokenizer, config, {"S": env}, eos_ids=[processor.tokenizer.eos_token_id],
+                                 processor=processor)
     trajectory = cm.start("S", obs, 3, images=tuple(info["images"]))
     reply = processor.tokenizer.encode("<answer>Down</answer><|im_end|>", add_special_tokens=False)
     cm.add_response(trajectory, reply, [0.0] * len(reply))
@@ -77,7 +77,7 @@ def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_a
         vlm(input_ids=torch.tensor([ids]), **pixels)  # the model finds one embedding slot per image feature
     with pytest.raises(ValueError, match="1 <image> placeholder\\(s\\) and comes with 0 picture"):
         cm.start("S", obs, 3)
-    cm.image_text = None
+    cm.processor = None
     with pytest.raises(ValueError, match="this model reads text only"):
         cm.start("S", obs, 3, images=tuple(info["images"]))
 
@@ -105,3 +105,39 @@ def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_doe
     text_engine = HFRollout(tiny_model_path, processor.tokenizer, "float32", torch.device("cpu"))
     with pytest.raises(ValueError, match="need a vision-language model"):
         text_engine.generate(prompts, sampling, images=[[p] for p in pictures])
+
+
+def test_a_validation_rollout_on_pictures_gives_the_engine_each_prompts_pictures(vlm_path, tmp_path, monkeypatch):
+    """`python -m ragen.eval` with a vision-language model on Sokoban shown as a picture alone: every turn the
+    hf engine gets, with each prompt, the pictures whose image tokens the prompt holds."""
+    from ragen.eval import evaluate
+    from ragen.overrides import load_config
+    from verl.utils.vlm import image_prompt_text
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    calls = []
+    generate = HFRollout.generate
+
+    def spy(self, prompt_ids, sampling, images=None):
+        calls.append(([list(ids) for ids in prompt_ids], images))  # copies: a trajectory's ids grow later
+        return generate(self, prompt_ids, sampling, images=images)
+
+    monkeypatch.setattr(HFRollout, "generate", spy)
+    cfg = load_config("sokoban", [f"model_path={vlm_path}", "actor_rollout_ref.rollout.name=hf",
+                                  "+custom_envs.CoordSokoban.env_config.image_observation=alone",
+                                  "es_manager.val.env_groups=2", "agent_proxy.max_turn=2",
+                                  "actor_rollout_ref.rollout.response_length=8"])
+    metrics = evaluate(cfg, tmp_path)  # the recipe's own tag, which training would refuse to play in pictures
+    assert "val-env/CoordSokoban/success" in metrics
+    processor = AutoProcessor.from_pretrained(vlm_path)
+    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    board = make_env("sokoban", {"image_observation": "alone"}).reset(seed=0)[1]["images"][0]
+    per_picture = processor.tokenizer.encode(image_prompt_text(processor, board), add_special_tokens=False)
+    assert 1 <= len(calls) <= 2 and len(calls[0][0]) == 2  # a call per turn, 2 envs
+    for prompt_ids, images in calls:
+        for ids, pictures in zip(prompt_ids, images, strict=True):  # the recipe's window: the current state alone
+            assert len(pictures) == 1 and pictures[0].shape == board.shape
+            assert ids.count(image_id) == per_picture.count(image_id) > 0
+    cfg.actor_rollout_ref.rollout.name = "torch"
+    with pytest.raises(Exception, match="pictures need the hf rollout engine"):
+        evaluate(cfg, tmp_path)

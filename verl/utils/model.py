@@ -189,6 +189,13 @@ def is_vision_language(path: str) -> bool:
     return hasattr(AutoConfig.from_pretrained(path), "vision_config")
 
 
+def load_processor(path: str):
+    """A vision-language model's processor (its pictures' pixel inputs and image tokens); None for a text model."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path) if is_vision_language(path) else None
+
+
 def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
     """The model at `path` for generation and training: a causal LM, or a vision-language model (which
     generates text like one, given its pictures as pixel inputs)."""

@@ -317,10 +317,15 @@ def test_text_observations_carry_no_pictures_and_a_bad_image_mode_is_named(env_t
         check_env_config(env_type, {"image_observation": "pixels"})
 
 
-def test_training_on_pictures_is_refused_until_a_vision_language_model_can_read_them():
+def test_training_on_pictures_is_refused_and_validation_needs_the_hf_engine():
     from ragen.config import ConfigError, validate
     from ragen.overrides import load_config
 
     cfg = load_config("sokoban", ["+custom_envs.CoordSokoban.env_config.image_observation=alone"])
-    with pytest.raises(ConfigError, match="custom_envs.CoordSokoban.env_config.image_observation"):
+    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: the trainer takes text"):
         validate(cfg, world_size=1)
+    pictures_in_validation = ["+custom_envs.SimpleSokoban.env_config.image_observation=alone",
+                              "es_manager.val.env_configs.tags=[SimpleSokoban]"]
+    with pytest.raises(ConfigError, match="SimpleSokoban.env_config.image_observation: pictures need the hf"):
+        validate(load_config("sokoban", pictures_in_validation), world_size=1)
+    validate(load_config("sokoban", [*pictures_in_validation, "actor_rollout_ref.rollout.name=hf"]), world_size=1)

@@ -19,12 +19,12 @@ pixel inputs. Such a call does not use or keep the prefix cache.
 
 import torch
 from PIL import Image
-from transformers import AutoProcessor, DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from verl.utils.fingerprint import Fingerprint, weight_fingerprints
-from verl.utils.model import DTYPES, eos_token_ids, is_vision_language, load_causal_lm
+from verl.utils.model import DTYPES, eos_token_ids, load_causal_lm, load_processor
 from verl.workers.rollout.base import Generation, SamplingParams, sampled_log_probs
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
 
@@ -39,13 +39,15 @@ class HFRollout:
     bf16 (30 layers x K and V x 3 heads x 64), so the default 2 GiB holds ~93k tokens, e.g. 32 rows x 2.9k.
     """
 
+    takes_images = True  # generate(..., images=...) for a vision-language model
+
     def __init__(self, model_path: str, tokenizer, dtype: str, device: torch.device, prefix_cache: bool = True,
                  prefix_cache_max_bytes: int = 2 * 1024**3):
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = DTYPES[dtype]
         self.model = load_causal_lm(model_path, dtype).to(device).eval()
-        self.processor = AutoProcessor.from_pretrained(model_path) if is_vision_language(model_path) else None
+        self.processor = load_processor(model_path)
         self.eos_ids = eos_token_ids(model_path, tokenizer)
         self.prefix_cache = prefix_cache
         self.prefix_cache_max_bytes = prefix_cache_max_bytes
