@@ -65,6 +65,7 @@ class Aligner:
         self.prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"{IMAGE_TOKEN}\n{QUESTION}"}],
                                                     tokenize=False, add_generation_prompt=True)
         self.eos = tokenizer.eos_token
+        self._prompt_lengths: dict[tuple[int, ...], int] = {}  # per picture size: the prompt's tokens
 
     def _inputs(self, pictures: list[np.ndarray], texts: list[str]) -> dict:
         tokenizer = self.processor.tokenizer
@@ -75,10 +76,9 @@ class Aligner:
     def step(self, batch: list[tuple[np.ndarray, str]]) -> float:
         """One update on the answers' tokens (the prompt, the picture and padding carry no loss)."""
         self.model.train()
-        prompts = self._inputs([p for p, _ in batch], [self.prompt] * len(batch))
         inputs = self._inputs([p for p, _ in batch], [self.prompt + text + self.eos for _, text in batch])
         labels = inputs["input_ids"].clone()
-        answer_length = inputs["attention_mask"].sum(1) - prompts["attention_mask"].sum(1)
+        answer_length = inputs["attention_mask"].sum(1) - torch.tensor([self._prompt_length(p) for p, _ in batch])
         width = labels.shape[1]
         positions = torch.arange(width)[None, :]
         labels[positions < width - answer_length[:, None]] = -100  # left padding: the answer is each row's end
@@ -90,6 +90,12 @@ class Aligner:
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.item()
+
+    def _prompt_length(self, picture: np.ndarray) -> int:
+        """The prompt's tokens (the question and the picture's image tokens), which depend on the picture's size."""
+        if picture.shape not in self._prompt_lengths:
+            self._prompt_lengths[picture.shape] = int(self._inputs([picture], [self.prompt])["attention_mask"].sum())
+        return self._prompt_lengths[picture.shape]
 
     @torch.no_grad()
     def score(self, test: list[tuple[np.ndarray, str]], batch_size: int, max_new_tokens: int) -> dict:

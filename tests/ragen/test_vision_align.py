@@ -1,6 +1,9 @@
 """The vision alignment stage (ragen/sft/vision_align.py): pictures in, the board's coordinates out."""
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -9,6 +12,8 @@ from safetensors.torch import load_file
 from ragen.envs import make_env
 from ragen.sft.vision_align import boards, main
 from verl.utils.vlm import build_vlm
+
+REPO = Path(__file__).parents[2]
 
 
 def test_each_picture_is_paired_with_the_coordinates_of_the_same_state():
@@ -35,3 +40,19 @@ def test_alignment_trains_the_vision_side_only_and_scores_before_and_after(tiny_
     old, new = load_file(vlm / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     changed = {k for k in old if not torch.equal(old[k], new[k])}
     assert changed and all("vision_model" in k or "connector" in k for k in changed)
+
+
+def test_the_entry_script_builds_the_model_once_and_aligns_it(tiny_model_path, tmp_path):
+    """`bash sft/vision_align.sh <env> <out>`: the model is built into <out>/base (reused by a second call), the
+    aligned one written to <out>/model with its score."""
+    command = ["bash", str(REPO / "sft" / "vision_align.sh"), "frozen_lake", str(tmp_path), "--steps", "1",
+               "--batch-size", "2", "--test-boards", "2", "--max-new-tokens", "4"]
+    env = {**os.environ, "LM": tiny_model_path, "HF_HUB_OFFLINE": "1"}
+    built = []
+    for _ in range(2):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        built.append((tmp_path / "base" / "model.safetensors").stat().st_mtime_ns)
+    assert built[0] == built[1]  # the second call reused the built model
+    assert json.loads((tmp_path / "model" / "score.json").read_text())["args"]["env"] == "frozen_lake"
+    assert "[vision] after 1 steps" in result.stdout
