@@ -18,6 +18,7 @@ import numpy as np
 from ragen.config import AgentProxyConfig
 from ragen.context_manager import ContextManager, Trajectory, reply_spans, token_pieces
 from ragen.env_state_manager import EnvState, EnvStateManager
+from ragen.trajectory_browser import png_uri
 from ragen.world_model_reward import turn_credits
 from verl.protocol import DataProto
 from verl.utils.tracking import progress
@@ -66,14 +67,15 @@ class AgentProxy:
                 raise RuntimeError(f"the rollout engine answered {len(generated['response_ids'])} of "
                                    f"{len(active)} prompts")
             answered = [state.obs for state in active]  # the states the replies answer
+            answered_images = [state.images for state in active]  # and their pictures (image envs)
             replies = [self.context.add_response(trajectories[state.env_id], list(response_ids), list(log_probs))
                        for state, response_ids, log_probs in zip(active, generated["response_ids"],
                                                                  generated["response_log_probs"], strict=True)]
             parsed_replies = [self.context.parse(reply) for reply in replies]
             turn_records = self.env_manager.step_all([(state.env_id, parsed.actions)  # all envs at once
                                                       for state, parsed in zip(active, parsed_replies)])
-            for state, shown, reply, parsed, record in zip(active, answered, replies, parsed_replies, turn_records,
-                                                           strict=True):
+            for state, shown, shown_images, reply, parsed, record in zip(active, answered, answered_images, replies,
+                                                                         parsed_replies, turn_records, strict=True):
                 trajectory = trajectories[state.env_id]
                 penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
                 reward = task_reward = record.reward + (self.format_penalty if penalised else 0.0)
@@ -89,7 +91,7 @@ class AgentProxy:
                 records[state.env_id]["turns"].append({
                     "state": shown, "response": reply, "format_ok": parsed.format_ok, "actions": record.actions,
                     "action_valid": record.valid, "action_effective": record.effective, "reward": reward,
-                    "done": state.done} | world_model)
+                    "done": state.done} | world_model | pictures_record("images", shown_images))
                 if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
                         trajectory, state.obs, task_reward, state.actions_left, self.sampling.max_new_tokens,
                         state.images):
@@ -97,7 +99,7 @@ class AgentProxy:
         for state, record in zip(states, records):
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),
                        "context_truncated": state.context_truncated, "final_state": state.obs,
-                       "env_error": state.error}
+                       "env_error": state.error} | pictures_record("final_images", state.images)
         if self.split == "train":  # the text of every token, for the browser's heat map of what was trained on
             pieces = token_pieces(self.context.tokenizer, [t.input_ids for t in trajectories])
             for record, trajectory_pieces in zip(records, pieces):
@@ -118,6 +120,12 @@ class AgentProxy:
                     f"actor_rollout_ref.rollout.response_length={self.sampling.max_new_tokens} it exceeds the "
                     f"model's context of {self.context.max_model_len} tokens: lower response_length or shorten "
                     "the environment's instructions")
+
+
+def pictures_record(key: str, pictures: tuple[np.ndarray, ...]) -> dict:
+    """{key: the pictures as PNG data URIs} for a state shown as pictures (the trajectory pages show them as the
+    model saw them), {} for a text state."""
+    return {key: [png_uri(picture) for picture in pictures]} if pictures else {}
 
 
 def trajectory_record(state: EnvState, step: int, split: str) -> dict:

@@ -12,7 +12,9 @@ Content-Security-Policy that forbids any other source, so the pages open offline
 
 Pictures: the record keeps each state as the env's text render; a grid env's `rgb_array` picture is
 `grid_to_rgb` over that same symbol grid, so `state_picture` redraws it exactly from the text with the
-env's tiles (`GRID_TILES`). Envs without a picture (bandit, countdown) show the text alone. Every piece of
+env's tiles (`GRID_TILES`). Envs without a picture (bandit, countdown) show the text alone. A state shown to
+the model as pictures (`image_observation`) has them in its record (`images`, `final_images`: PNG data URIs),
+and its page shows those, as the model saw them. Every piece of
 model or env text is escaped, in elements, attributes and the JSON the index embeds. A non-finite number
 (a NaN reward) is null in that JSON, which JSON.parse would otherwise reject, and "n/a" on the pages.
 
@@ -56,6 +58,8 @@ STEP_DIRS = {"train": "step_{}", "val": "val_step_{}"}  # split -> its steps' fo
 SPLIT_NAMES = {"train": "train", "val": "validation"}  # as the pages show them
 MANIFEST = "trajectories.json"
 # No source but the page itself: a stray URL in model text can never load anything.
+PNG_PREFIX = "data:image/png;base64,"
+PNG_URI = re.compile(re.escape(PNG_PREFIX) + r"iVBORw0KGgo[A-Za-z0-9+/]+=*")  # a PNG (its signature), nothing else
 PAGE_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 INDEX_CSP = PAGE_CSP + "; script-src 'unsafe-inline'"
 _REPLY_TAG = re.compile(r"(</?think>|</?answer>)")
@@ -122,15 +126,24 @@ def reply_html(reply: str) -> str:
     return "".join(parts)
 
 
-def state_html(text: str, tiles: dict[str, np.ndarray] | None, caption: str) -> str:
-    picture = state_picture(text, tiles) if tiles else None
-    image = ""
-    if picture is not None:
-        height, width, _ = picture.shape
-        uri = "data:image/png;base64," + base64.b64encode(png_bytes(picture)).decode("ascii")
-        image = (f'<img src="{uri}" width="{width * IMAGE_SCALE}" height="{height * IMAGE_SCALE}" '
-                 f'alt="{esc(caption)}">')
-    return f'<figure class="state">{image}<pre>{esc(text)}</pre><figcaption>{esc(caption)}</figcaption></figure>'
+def png_uri(picture: np.ndarray) -> str:
+    """An (H, W, 3) uint8 picture as a PNG data URI."""
+    return PNG_PREFIX + base64.b64encode(png_bytes(picture)).decode("ascii")
+
+
+def state_html(text: str, tiles: dict[str, np.ndarray] | None, caption: str, shown: list[str] | None = None) -> str:
+    """A state: the pictures the model was shown (`shown`, PNG data URIs from the record, for environments with
+    image observations), or else the picture redrawn from its text, then the text."""
+    pictures = [uri for uri in shown or [] if PNG_URI.fullmatch(uri)]
+    if not pictures:
+        picture = state_picture(text, tiles) if tiles else None
+        pictures = [png_uri(picture)] if picture is not None else []
+    images = ""
+    for uri in pictures:
+        width, height = struct.unpack(">II", base64.b64decode(uri[len(PNG_PREFIX):])[16:24])  # the PNG's IHDR
+        images += (f'<img src="{uri}" width="{width * IMAGE_SCALE}" height="{height * IMAGE_SCALE}" '
+                   f'alt="{esc(caption)}">')
+    return f'<figure class="state">{images}<pre>{esc(text)}</pre><figcaption>{esc(caption)}</figcaption></figure>'
 
 
 def advantage_colour(advantage: float, scale: float) -> str:
@@ -192,7 +205,7 @@ def turn_html(number: int, turn: dict, tiles: dict[str, np.ndarray] | None) -> s
     facts_html = "".join(_fact(name, value) for name, value in facts)
     actions = f'<ul class="actions">{"".join(chips)}</ul>' if chips else '<p class="none">no action taken</p>'
     return (f'<section class="turn{"" if turn["format_ok"] else " malformed"}"><h2>Turn {number}</h2>'
-            f'<div class="cols">{state_html(turn["state"], tiles, f"state before turn {number}")}'
+            f'<div class="cols">{state_html(turn["state"], tiles, f"state before turn {number}", turn.get("images"))}'
             f'<div class="reply"><pre>{reply_html(turn["response"])}</pre>{actions}'
             f'<dl class="facts">{facts_html}</dl></div></div></section>')
 
@@ -209,7 +222,7 @@ def trajectory_page(record: dict, step: int, tiles: dict[str, np.ndarray] | None
              ("success", "yes" if record["success"] else "no"), ("reward", _signed(record["reward"], ".3g")),
              ("turns", len(record["turns"])), ("context truncated", "yes" if record["context_truncated"] else "no")]
     turns = "".join(turn_html(i + 1, turn, tiles) for i, turn in enumerate(record["turns"]))
-    final = state_html(record["final_state"], tiles, "final state")
+    final = state_html(record["final_state"], tiles, "final state", record.get("final_images"))
     # training records only: validation is not trained on, and records of older runs lack the tokens
     tokens = tokens_html(record["token_pieces"], record["trained_tokens"]) \
         if "token_pieces" in record and "trained_tokens" in record else ""

@@ -418,3 +418,21 @@ def test_the_browser_is_written_in_utf8_under_a_c_locale(tmp_path):
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert "naïve 🙂 ответ 思考" in index_rows(tmp_path / "out")[0]["text"]
     assert "ответ" in (tmp_path / "out" / "step_1" / "trajectory_data_0.html").read_text(encoding="utf-8")
+
+
+def test_states_shown_as_pictures_are_drawn_from_the_record_and_nothing_else_passes(tmp_path):
+    """An image env's record keeps the pictures the model saw (PNG data URIs); the page shows those. Anything
+    in their place that is not a PNG data URI (an edited or hostile record) is dropped, never written out."""
+    from ragen.trajectory_browser import png_uri
+
+    env = make_env("sokoban", {"image_observation": "alone"})
+    obs, info = env.reset(seed=2)
+    shown = png_uri(info["images"][0])
+    obs_after, _, _, _, info_after = env.step("Up")
+    record = play("SimpleSokoban", ["Up"])
+    record["turns"][0] |= {"state": obs, "images": [shown, 'data:image/png;base64,iVBORw0KGgo" onerror="alert(1)',
+                                                     "javascript:alert(2)"]}
+    record |= {"final_state": obs_after, "final_images": [png_uri(info_after["images"][0])]}
+    page = write_step([record], tmp_path, 1, -1, CUSTOM_ENVS)[0]
+    assert images(page) == [shown, record["final_images"][0]]
+    assert png_size(shown) == (96, 96) and "onerror" not in page.read_text() and "javascript:" not in page.read_text()

@@ -1,5 +1,7 @@
 """The vision-language model made here (verl/utils/vlm.py): a language model given a fresh vision tower."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -112,6 +114,7 @@ def test_a_validation_rollout_on_pictures_gives_the_engine_each_prompts_pictures
     hf engine gets, with each prompt, the pictures whose image tokens the prompt holds."""
     from ragen.eval import evaluate
     from ragen.overrides import load_config
+    from ragen.trajectory_browser import png_uri, trajectory_page
     from verl.utils.vlm import image_prompt_text
     from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -138,6 +141,11 @@ def test_a_validation_rollout_on_pictures_gives_the_engine_each_prompts_pictures
         for ids, pictures in zip(prompt_ids, images, strict=True):  # the recipe's window: the current state alone
             assert len(pictures) == 1 and pictures[0].shape == board.shape
             assert ids.count(image_id) == per_picture.count(image_id) > 0
+    # the records keep each turn's pictures, and the trajectory page shows them as the model saw them
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    first = records[0]["turns"][0]["images"]
+    assert first == [png_uri(calls[0][1][0][0])] and records[0]["final_images"]
+    assert first[0] in trajectory_page(records[0], 0, tiles=None, previous=None, following=None)
     cfg.actor_rollout_ref.rollout.name = "torch"
     with pytest.raises(Exception, match="pictures need the hf rollout engine"):
         evaluate(cfg, tmp_path)
