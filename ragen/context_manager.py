@@ -28,8 +28,8 @@ stands; for a vision-language model (its `processor`; verl/utils/vlm.image_promp
 becomes exactly the image tokens the processor writes for that picture, and the trajectory keeps the pictures
 with the turn that showed them, so `prompt_images` gives the pictures of `prompt_ids`, in order, for the
 engine's pixel input (a test feeds both to the model). A text model, or a placeholder without its picture, is
-an error. The rollout loop hands the pictures to the engine (the hf engine takes them); the trainer does not
-take pictures yet.
+an error. The rollout loop hands the pictures to the engine (the hf engine takes them), and `to_batch` gives
+the trainer every picture of each row as the processor's pixel inputs.
 
 Each generated token also gets its kind of text (`reply_kinds`: think, observation, prediction, answer or
 format, by the first character of its text), from which the trainer builds TRICO's selective masks
@@ -53,7 +53,7 @@ from ragen.envs.utils import IMAGE_PLACEHOLDER
 from verl.protocol import DataProto
 from verl.trainer.config import REPLY_KINDS
 from verl.trainer.core_algos import normalize_scores
-from verl.utils.vlm import image_prompt_text
+from verl.utils.vlm import image_prompt_text, pixel_inputs
 
 SYSTEM_PROMPT = "You are a helpful assistant that solves tasks step by step."
 ANSWER_CLOSE = "</answer>"  # the rollout's stop string
@@ -322,7 +322,9 @@ class ContextManager:
         `rollout_log_probs` is aligned as the actor's `old_log_probs`: column t holds the engine's
         log p(token t | tokens < t) where `loss_mask` is 1, and 0 elsewhere. With a context window,
         `position_ids` and `hidden_from` say where each token stood in the prompts (`window_layout`;
-        padding: never hidden); without one there is no `hidden_from` and positions run 0, 1, ..."""
+        padding: never hidden); without one there is no `hidden_from` and positions run 0, 1, ...
+        Pictures (image envs): `pixel_values` and `pixel_attention_mask`, the processor's inputs for all of a
+        row's pictures in the order of its image tokens (`verl.utils.vlm.pixel_inputs`)."""
         batch_size, width = len(trajectories), max(len(t.input_ids) for t in trajectories)
         window = self.config.max_context_window
         input_ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -363,6 +365,8 @@ class ContextManager:
                    "trajectory_rewards": scores, "turn_ids": turn_ids, "state_ids": state_ids, "reply_kinds": kinds}
         if window > 0:
             tensors["hidden_from"] = hidden_from
+        if any(t.images for t in trajectories):  # every picture of each row, in the order of its image tokens
+            tensors |= pixel_inputs(self.processor, [t.images for t in trajectories])
         return DataProto(batch=tensors, non_tensor_batch={"group_ids": np.array(group_ids), "tags": tags})
 
     # ---- text ----------------------------------------------------------------------------------------

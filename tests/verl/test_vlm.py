@@ -149,3 +149,40 @@ def test_a_validation_rollout_on_pictures_gives_the_engine_each_prompts_pictures
     cfg.actor_rollout_ref.rollout.name = "torch"
     with pytest.raises(Exception, match="pictures need the hf rollout engine"):
         evaluate(cfg, tmp_path)
+
+
+def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(vlm_path):
+    """Token-exact with pictures: the training batch (ContextManager.to_batch: ids, context-window mask and the
+    pixel inputs of every picture of a row) gives the sampled tokens the log-probs the engine gave them; without
+    the pixel inputs it does not, so the pictures are what the trainer reads."""
+    from ragen.config import AgentProxyConfig
+    from ragen.context_manager import ContextManager
+    from verl.workers.actor import token_log_probs
+    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    processor = AutoProcessor.from_pretrained(vlm_path)
+    engine = HFRollout(vlm_path, processor.tokenizer, "float32", torch.device("cpu"))
+    config = AgentProxyConfig(max_turn=3, max_actions_per_turn=1, enable_think=False, max_context_window=1)
+    envs = [make_env("sokoban", {"image_observation": "alone"}) for _ in range(2)]
+    cm = ContextManager.for_envs(processor.tokenizer, config, {"S": envs[0]}, eos_ids=engine.eos_ids,
+                                 processor=processor)
+    starts = [env.reset(seed=seed) for seed, env in enumerate(envs)]
+    trajectories = [cm.start("S", obs, 3, tuple(info["images"])) for obs, info in starts]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=0)
+    for turn in range(2):
+        out = engine.generate([cm.prompt_ids(t) for t in trajectories], sampling,
+                              images=[cm.prompt_images(t) for t in trajectories])
+        for env, trajectory, ids, log_probs in zip(envs, trajectories, out.token_ids, out.log_probs):
+            cm.add_response(trajectory, ids, log_probs)
+            obs, _, _, _, info = env.step("Up")
+            if turn == 0:
+                assert cm.add_observation(trajectory, obs, 0.0, 2, response_length=6, images=tuple(info["images"]))
+    batch = cm.to_batch(trajectories, [0, 1], ["S", "S"]).batch
+    assert batch["pixel_values"].shape[:2] == (2, 2)  # each row: the pictures of its two turns
+    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    mask = batch["loss_mask"].bool()
+    seen = token_log_probs(vlm, batch, with_entropy=False, temperature=1.0)[0]
+    torch.testing.assert_close(seen[mask], batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+    blind = {k: v for k, v in batch.items() if not k.startswith("pixel_")}
+    assert (token_log_probs(vlm, blind, with_entropy=False, temperature=1.0)[0][mask] - seen[mask]).abs().max() > 1e-3

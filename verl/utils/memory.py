@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl.utils.model import model_class
+
 GIB = 1024**3
 
 
@@ -30,11 +32,11 @@ class ModelShape:
 
 def model_shape(path: str) -> ModelShape:
     """Parameter count and sizes from the config alone (the model is built on the meta device)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_class(path).from_config(config)
     text = config.get_text_config()
     return ModelShape(params=sum(p.numel() for p in model.parameters()), hidden=text.hidden_size,
                       layers=text.num_hidden_layers, vocab=text.vocab_size)
@@ -42,10 +44,10 @@ def model_shape(path: str) -> ModelShape:
 
 def lora_params(path: str, rank: int, target_modules) -> int:
     """Parameters of a LoRA adapter: rank * (in + out) for every adapted linear layer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        model = model_class(path).from_config(AutoConfig.from_pretrained(path))
     output = model.get_output_embeddings()
     return sum(rank * (m.in_features + m.out_features) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and m is not output

@@ -196,14 +196,18 @@ def load_processor(path: str):
     return AutoProcessor.from_pretrained(path) if is_vision_language(path) else None
 
 
-def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
-    """The model at `path` for generation and training: a causal LM, or a vision-language model (which
-    generates text like one, given its pictures as pixel inputs)."""
+def model_class(path: str):
+    """The auto class that builds the model at `path`: AutoModelForCausalLM, or AutoModelForImageTextToText for
+    a vision-language model (which generates text like a causal LM, given its pictures as pixel inputs)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    auto = AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
+    return AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
+
+
+def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
+    """The model at `path` for generation and training (`model_class`)."""
     try:
-        return auto.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
+        return model_class(path).from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
     except OSError as e:
         raise ModelNotFoundError(f"could not load model {path!r}: {e}. With HF_HUB_OFFLINE=1 a hub id must "
                                  "already be in the local Hugging Face cache") from e
@@ -219,7 +223,8 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def forward_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`model(**...)`'s inputs for a batch of right-padded rows: input_ids, position_ids and the attention mask.
+    """`model(**...)`'s inputs for a batch of right-padded rows: input_ids, position_ids and the attention mask
+    (and a vision-language model's pixel inputs, when the batch holds pictures: ContextManager.to_batch).
 
     Without `hidden_from` in the batch the mask is the padding mask (B, T): causal attention over each row,
     and no (T, T) mask is ever built. With it (a context window, ragen/context_manager.py) every token sees
@@ -228,6 +233,7 @@ def forward_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> di
     it is switched to PyTorch's sdpa here, once."""
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
               "position_ids": batch["position_ids"]}
+    inputs |= {key: batch[key] for key in ("pixel_values", "pixel_attention_mask") if key in batch}  # pictures
     if "hidden_from" not in batch:
         return inputs
     if model.config._attn_implementation != "sdpa":  # eager would add a bool mask as numbers

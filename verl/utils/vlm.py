@@ -90,6 +90,13 @@ def image_prompt_text(processor, picture: np.ndarray) -> str:
     return text
 
 
+def pixel_inputs(processor, pictures: list[list[np.ndarray]]) -> dict[str, torch.Tensor]:
+    """The model's pixel inputs for each row's pictures ((H, W, 3) uint8, in the order of the row's image tokens):
+    `pixel_values` (rows, most pictures, 3, H', W') and its mask; a row with fewer gets blank padding pictures,
+    which the model skips."""
+    return dict(processor.image_processor([[Image.fromarray(p) for p in row] for row in pictures], return_tensors="pt"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("language_model", help="a causal LM folder or bundled:SmolLM2-135M-Instruct")

@@ -93,7 +93,7 @@ def without_padding(data: DataProto) -> DataProto:
     """`data` with every per-token tensor cut to its longest row (rows are right-padded)."""
     mask = data.batch["attention_mask"]
     length = max(1, int(mask.sum(dim=1).max()))
-    return DataProto(batch={k: v[:, :length] if v.shape[:2] == mask.shape else v for k, v in data.batch.items()},
+    return DataProto(batch={k: v[:, :length] if v.shape == mask.shape else v for k, v in data.batch.items()},
                      non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
 
 

@@ -317,15 +317,17 @@ def test_text_observations_carry_no_pictures_and_a_bad_image_mode_is_named(env_t
         check_env_config(env_type, {"image_observation": "pixels"})
 
 
-def test_training_on_pictures_is_refused_and_validation_needs_the_hf_engine():
+def test_pictures_need_the_hf_engine_and_training_on_them_a_critic_free_estimator():
     from ragen.config import ConfigError, validate
     from ragen.overrides import load_config
 
-    cfg = load_config("sokoban", ["+custom_envs.CoordSokoban.env_config.image_observation=alone"])
-    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: the trainer takes text"):
-        validate(cfg, world_size=1)
-    pictures_in_validation = ["+custom_envs.SimpleSokoban.env_config.image_observation=alone",
-                              "es_manager.val.env_configs.tags=[SimpleSokoban]"]
-    with pytest.raises(ConfigError, match="SimpleSokoban.env_config.image_observation: pictures need the hf"):
-        validate(load_config("sokoban", pictures_in_validation), world_size=1)
-    validate(load_config("sokoban", [*pictures_in_validation, "actor_rollout_ref.rollout.name=hf"]), world_size=1)
+    pictures = ["+custom_envs.CoordSokoban.env_config.image_observation=alone"]
+    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: pictures need the hf"):
+        validate(load_config("sokoban", pictures), world_size=1)
+    validate(load_config("sokoban", [*pictures, "actor_rollout_ref.rollout.name=hf"]), world_size=1)  # RLOO
+    with_critic = [*pictures, "actor_rollout_ref.rollout.name=hf", "algo=starpo_s",
+                   "actor_rollout_ref.rollout.rollout_filter_value=1"]
+    with pytest.raises(ConfigError, match="a critic does not read pictures yet"):
+        validate(load_config("sokoban", with_critic), world_size=1)
+    # python -m ragen.eval plays only the validation envs: pictures there need the hf engine, nothing more
+    validate(load_config("sokoban", with_critic), world_size=1, training=False)

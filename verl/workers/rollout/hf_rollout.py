@@ -18,13 +18,13 @@ pixel inputs. Such a call does not use or keep the prefix cache.
 """
 
 import torch
-from PIL import Image
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from verl.utils.fingerprint import Fingerprint, weight_fingerprints
 from verl.utils.model import DTYPES, eos_token_ids, load_causal_lm, load_processor
+from verl.utils.vlm import pixel_inputs
 from verl.workers.rollout.base import Generation, SamplingParams, sampled_log_probs
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
 
@@ -111,10 +111,8 @@ class HFRollout:
         pictures, which the model skips)."""
         if self.processor is None:
             raise ValueError("prompts with pictures need a vision-language model; this one reads text only")
-        pictures = [[Image.fromarray(picture) for picture in row] for row in images]
-        inputs = self.processor.image_processor(pictures, return_tensors="pt")
         return {key: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
-                for key, value in inputs.items()}
+                for key, value in pixel_inputs(self.processor, images).items()}
 
     def _keep(self, cache: DynamicCache, token_ids: torch.Tensor, prompt_mask: torch.Tensor,
               kept: list[int]) -> None:
