@@ -231,16 +231,26 @@ def test_every_command_the_docs_name_exists():
 
 def test_every_script_answers_help():
     """Each command-line script prints its usage for --help and exits 0 (the shell scripts print the comment
-    at their top instead of acting on `--help` as an argument)."""
-    failed = []
-    for script in sorted((REPO / "scripts").glob("*.py")):
+    at their top instead of acting on `--help` as an argument). The scripts run a few at a time: most of each
+    run is Python importing its libraries."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def python_script(script: Path) -> str | None:
         done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
                               cwd=REPO)
         if done.returncode != 0 or (script.name != "flops.py" and "usage" not in done.stdout.lower()
                                     and "downloads nothing" not in done.stdout):
-            failed.append(f"{script.name}: exit {done.returncode}, {done.stdout[:80]!r} {done.stderr[-200:]!r}")
-    for script in [REPO / "train.sh", *sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "sft").glob("*.sh"))]:
+            return f"{script.name}: exit {done.returncode}, {done.stdout[:80]!r} {done.stderr[-200:]!r}"
+        return None
+
+    def shell_script(script: Path) -> str | None:
         done = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
         if done.returncode != 0 or not done.stdout.strip():
-            failed.append(f"{script.name}: exit {done.returncode}, {done.stderr[-200:]!r}")
+            return f"{script.name}: exit {done.returncode}, {done.stderr[-200:]!r}"
+        return None
+
+    shell = [REPO / "train.sh", *sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "sft").glob("*.sh"))]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = [*pool.map(python_script, sorted((REPO / "scripts").glob("*.py"))), *pool.map(shell_script, shell)]
+    failed = [result for result in results if result]
     assert not failed, "\n".join(failed)

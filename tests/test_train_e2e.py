@@ -345,5 +345,7 @@ def test_a_vision_language_model_trains_on_pictures(tiny_model_path, tmp_path):
     assert metrics["actor/rollout_kl"] < 1e-4
     changed = changed_tensors(str(vlm), run_dir / "global_step_1" / "actor")
     assert any("vision_model" in key for key in changed) and any("text_model" in key for key in changed)
-    records = [json.loads(line) for line in (run_dir / "rollouts" / "train" / "step_1.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / "rollouts" / "val" / "step_0.jsonl").read_text().splitlines()]
     assert all(turn["state"] == "<image>" and len(turn["images"]) == 1 for r in records for turn in r["turns"])
+    page = (run_dir / "log" / "val_step_0" / f"trajectory_data_{records[0]['env_id']}.html").read_text()
+    assert records[0]["turns"][0]["images"][0] in page  # the page shows the picture the model was shown

@@ -1,7 +1,5 @@
 """The vision-language model made here (verl/utils/vlm.py): a language model given a fresh vision tower."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -109,48 +107,6 @@ def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_doe
         text_engine.generate(prompts, sampling, images=[[p] for p in pictures])
 
 
-def test_a_validation_rollout_on_pictures_gives_the_engine_each_prompts_pictures(vlm_path, tmp_path, monkeypatch):
-    """`python -m ragen.eval` with a vision-language model on Sokoban shown as a picture alone: every turn the
-    hf engine gets, with each prompt, the pictures whose image tokens the prompt holds."""
-    from ragen.eval import evaluate
-    from ragen.overrides import load_config
-    from ragen.trajectory_browser import png_uri, trajectory_page
-    from verl.utils.vlm import image_prompt_text
-    from verl.workers.rollout.hf_rollout import HFRollout
-
-    calls = []
-    generate = HFRollout.generate
-
-    def spy(self, prompt_ids, sampling, images=None):
-        calls.append(([list(ids) for ids in prompt_ids], images))  # copies: a trajectory's ids grow later
-        return generate(self, prompt_ids, sampling, images=images)
-
-    monkeypatch.setattr(HFRollout, "generate", spy)
-    cfg = load_config("sokoban", [f"model_path={vlm_path}", "actor_rollout_ref.rollout.name=hf",
-                                  "+custom_envs.CoordSokoban.env_config.image_observation=alone",
-                                  "es_manager.val.env_groups=2", "agent_proxy.max_turn=2",
-                                  "actor_rollout_ref.rollout.response_length=8"])
-    metrics = evaluate(cfg, tmp_path)  # the recipe's own tag, which training would refuse to play in pictures
-    assert "val-env/CoordSokoban/success" in metrics
-    processor = AutoProcessor.from_pretrained(vlm_path)
-    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    board = make_env("sokoban", {"image_observation": "alone"}).reset(seed=0)[1]["images"][0]
-    per_picture = processor.tokenizer.encode(image_prompt_text(processor, board), add_special_tokens=False)
-    assert 1 <= len(calls) <= 2 and len(calls[0][0]) == 2  # a call per turn, 2 envs
-    for prompt_ids, images in calls:
-        for ids, pictures in zip(prompt_ids, images, strict=True):  # the recipe's window: the current state alone
-            assert len(pictures) == 1 and pictures[0].shape == board.shape
-            assert ids.count(image_id) == per_picture.count(image_id) > 0
-    # the records keep each turn's pictures, and the trajectory page shows them as the model saw them
-    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
-    first = records[0]["turns"][0]["images"]
-    assert first == [png_uri(calls[0][1][0][0])] and records[0]["final_images"]
-    assert first[0] in trajectory_page(records[0], 0, tiles=None, previous=None, following=None)
-    cfg.actor_rollout_ref.rollout.name = "torch"
-    with pytest.raises(Exception, match="pictures need the hf rollout engine"):
-        evaluate(cfg, tmp_path)
-
-
 def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(vlm_path):
     """Token-exact with pictures: the training batch (ContextManager.to_batch: ids, context-window mask and the
     pixel inputs of every picture of a row) gives the sampled tokens the log-probs the engine gave them; without
@@ -175,6 +131,8 @@ def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(vlm_pa
                               images=[cm.prompt_images(t) for t in trajectories])
         for env, trajectory, ids, log_probs in zip(envs, trajectories, out.token_ids, out.log_probs):
             cm.add_response(trajectory, ids, log_probs)
+            trajectory.turn_states.append(f"turn {turn}")  # what AgentProxy records of each turn
+            trajectory.turn_rewards.append(0.0)
             obs, _, _, _, info = env.step("Up")
             if turn == 0:
                 assert cm.add_observation(trajectory, obs, 0.0, 2, response_length=6, images=tuple(info["images"]))
