@@ -5,8 +5,8 @@
 The model (a folder `verl/utils/vlm.py` wrote, or any Idefics3-style model with a processor) is shown the
 picture of a board and asked for its state; the answer it learns is the board's coordinate text (the env's
 `observation_format: coord`: one `(row, col)` line per kind of cell), drawn from the same state as the
-picture, so data costs nothing and is never wrong. The language model stays frozen: the vision tower and the
-connector learn (AdamW, a cosine after `--warmup` steps, bf16 autocast), on boards from start states and from
+picture, so data costs nothing and is never wrong. By default the language model stays frozen (LLaVA's first
+stage; `--lm-lr` trains it too, at its own learning rate): the vision tower and the connector learn (AdamW, a cosine after `--warmup` steps, bf16 autocast), on boards from start states and from
 random walks of up to `--walk` moves (so that the player, not only the level, varies). One process, no FSDP:
 the parts trained are a few million weights.
 
@@ -51,14 +51,18 @@ def boards(env_type: str, seeds: range, walk: int, config: dict | None = None) -
 
 
 class Aligner:
-    def __init__(self, model_path: str, lr: float, steps: int, warmup: int):
+    def __init__(self, model_path: str, lr: float, steps: int, warmup: int, lm_lr: float = 0.0):
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32)
-        language = self.model.model.text_model
-        for parameter in [*language.parameters(), *self.model.lm_head.parameters()]:
-            parameter.requires_grad_(False)
+        language = [*self.model.model.text_model.parameters(), *self.model.lm_head.parameters()]
+        language_ids = {id(p) for p in language}  # the head may be tied to the embeddings
+        vision = [p for p in self.model.parameters() if id(p) not in language_ids]
+        for parameter in language:
+            parameter.requires_grad_(lm_lr > 0)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trained, lr=lr, weight_decay=0.0)
+        groups = [{"params": vision, "lr": lr}] + ([{"params": list({id(p): p for p in language}.values()),
+                                                     "lr": lm_lr}] if lm_lr > 0 else [])
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(
             (step + 1) / max(warmup, 1), 0.5 * (1 + math.cos(math.pi * min(step / max(steps, 1), 1.0)))))
         tokenizer = self.processor.tokenizer
@@ -120,7 +124,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--env", default="sokoban", choices=["sokoban", "frozen_lake"])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-3, help="the vision tower's and connector's learning rate")
+    parser.add_argument("--lm-lr", type=float, default=0.0,
+                        help="the language model's learning rate; 0 (the default) keeps it frozen (LLaVA's stage 1)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--walk", type=int, default=5, help="random moves after the start state, at most")
     parser.add_argument("--seed", type=int, default=0, help="the first training board's seed")
@@ -129,7 +135,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    aligner = Aligner(args.model, args.lr, args.steps, args.warmup)
+    aligner = Aligner(args.model, args.lr, args.steps, args.warmup, args.lm_lr)
     test = boards(args.env, range(args.test_seed, args.test_seed + args.test_boards), args.walk)
     train = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
     before = aligner.score(test, args.batch_size, args.max_new_tokens)
