@@ -5,10 +5,10 @@
 The model (a folder `verl/utils/vlm.py` wrote, or any Idefics3-style model with a processor) is shown the
 picture of a board and asked for its state; the answer it learns is the board's coordinate text (the env's
 `observation_format: coord`: one `(row, col)` line per kind of cell), drawn from the same state as the
-picture, so data costs nothing and is never wrong. By default the language model stays frozen (LLaVA's first
-stage; `--lm-lr` trains it too, at its own learning rate): the vision tower and the connector learn (AdamW, a cosine after `--warmup` steps, bf16 autocast), on boards from start states and from
-random walks of up to `--walk` moves (so that the player, not only the level, varies). One process, no FSDP:
-the parts trained are a few million weights.
+picture, so data costs nothing and is never wrong. The vision tower and the connector learn (AdamW, a cosine
+after `--warmup` steps, bf16 autocast) and by default the language model stays frozen (LLaVA's first stage;
+`--lm-lr` trains it too, at its own learning rate), on boards from start states and from random walks of up to
+`--walk` moves (so that the player, not only the level, varies). One process, no FSDP.
 
 Before and after training it scores greedy answers on `--test-boards` boards no training step used (seeds from
 `--test-seed`): `exact`, the share of answers equal to the true text, and `partial`, the mean share of
