@@ -40,6 +40,10 @@ def test_alignment_trains_the_vision_side_only_and_scores_before_and_after(tiny_
     old, new = load_file(vlm / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     changed = {k for k in old if not torch.equal(old[k], new[k])}
     assert changed and all("vision_model" in k or "connector" in k for k in changed)
+    main([str(vlm), str(tmp_path / "lm"), "--steps", "1", "--batch-size", "2", "--test-boards", "1",
+          "--max-new-tokens", "2", "--lm-lr", "1e-2"])  # the language model learns too
+    new = load_file(tmp_path / "lm" / "model.safetensors")
+    assert any("text_model" in k and not torch.equal(old[k], new[k]) for k in old)
 
 
 def test_the_entry_script_builds_the_model_once_and_aligns_it(tiny_model_path, tmp_path):
