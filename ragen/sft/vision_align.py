@@ -103,8 +103,11 @@ class Aligner:
 
     @torch.no_grad()
     def score(self, test: list[tuple[np.ndarray, str]], batch_size: int, max_new_tokens: int) -> dict:
+        """Greedy readings of `test`: `exact` and `partial` (above), and per line of the true text (`Player`,
+        `Boxes`, ...) the share of the boards that have it where the reading's line is the same."""
         self.model.eval()
         exact = partial = 0.0
+        lines: dict[str, list[bool]] = {}
         for start in range(0, len(test), batch_size):
             chunk = test[start:start + batch_size]
             inputs = self._inputs([p for p, _ in chunk], [self.prompt] * len(chunk))
@@ -114,7 +117,12 @@ class Aligner:
             for reply, (_, truth) in zip(replies, chunk):
                 exact += state_credit(reply.strip(), truth, "exact")
                 partial += state_credit(reply.strip(), truth, "partial")
-        return {"exact": exact / len(test), "partial": partial / len(test), "boards": len(test)}
+                read = dict(line.split(":", 1) for line in reply.strip().split("\n") if ":" in line)
+                for line in truth.split("\n"):
+                    label, value = line.split(":", 1)
+                    lines.setdefault(label, []).append(read.get(label) == value)
+        return {"exact": exact / len(test), "partial": partial / len(test), "boards": len(test),
+                "lines": {label: float(np.mean(right)) for label, right in lines.items()}}
 
 
 def main(argv=None) -> dict:

@@ -37,6 +37,7 @@ def test_alignment_trains_the_vision_side_only_and_scores_before_and_after(tiny_
                   "--max-new-tokens", "8", "--lr", "1e-2"])
     assert json.loads((tmp_path / "out" / "score.json").read_text())["after"] == score["after"]
     assert 0 <= score["after"]["partial"] <= 1 and len(score["losses"]) == 3 and np.isfinite(score["losses"]).all()
+    assert {"Player", "Boxes", "Targets"} <= score["after"]["lines"].keys()  # each line's share read right
     old, new = load_file(vlm / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     changed = {k for k in old if not torch.equal(old[k], new[k])}
     assert changed and all("vision_model" in k or "connector" in k for k in changed)
