@@ -39,8 +39,6 @@ class HFRollout:
     bf16 (30 layers x K and V x 3 heads x 64), so the default 2 GiB holds ~93k tokens, e.g. 32 rows x 2.9k.
     """
 
-    takes_images = True  # generate(..., images=...) for a vision-language model
-
     def __init__(self, model_path: str, tokenizer, dtype: str, device: torch.device, prefix_cache: bool = True,
                  prefix_cache_max_bytes: int = 2 * 1024**3):
         self.tokenizer = tokenizer
