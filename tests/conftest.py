@@ -52,6 +52,46 @@ def save_tiny_llama(path, tokenizer, **config_overrides) -> str:
     return str(path)
 
 
+def save_tiny_qwen_vl(path, tokenizer, family: str = "qwen2_vl") -> str:
+    """A randomly initialised 2-layer Qwen2-VL or Qwen2.5-VL (`family`; M-RoPE) with the bundled tokenizer and
+    its three picture tokens,
+    8-pixel patches merged 2 x 2: one image token per 16-pixel board cell. Saved with its tokenizer and image
+    processor (its processor class would need torchvision, which is not installed: `MRopeProcessor`)."""
+    import copy
+
+    import torch
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]},
+                                 replace_extra_special_tokens=False)
+    ids = tokenizer.convert_tokens_to_ids
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    vision = dict(depth=1, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=1)
+    if family == "qwen2_vl":
+        config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        vision |= dict(embed_dim=32, hidden_size=64)
+    else:  # Qwen2.5-VL: windowed attention in the tower, a wider output
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision |= dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=32,
+                       fullatt_block_indexes=[0])
+    config = config_class(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                           vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+                           tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(path)
+    Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=1, min_pixels=16 * 16,
+                             max_pixels=256 * 256).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory, tokenizer) -> str:
     """A randomly initialised 2-layer Llama with the bundled tokenizer, saved as an HF folder."""

@@ -329,13 +329,21 @@ def test_a_model_that_does_not_exist_is_named_before_a_resume_is_checked(tmp_pat
     assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith("model not found:")
 
 
-def test_a_vision_language_model_trains_on_pictures(tiny_model_path, tmp_path):
-    """`train.sh sokoban` on pictures alone (image_observation=alone) with a tiny vision-language model: the hf
-    engine samples from the pictures, the actor scores the same tokens with the same pictures (the log-prob gap
-    stays at numerical noise) and the update reaches the vision tower too."""
+@pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
+def test_a_vision_language_model_trains_on_pictures(family, tiny_model_path, tokenizer, tmp_path):
+    """`train.sh sokoban` on pictures alone (image_observation=alone) with a tiny vision-language model of each
+    kind (image tokens in a row: Idefics3, made here; on a grid of positions: Qwen2-VL): the hf engine samples
+    from the pictures, the actor scores the same tokens with the same pictures (the log-prob gap stays at
+    numerical noise) and the update reaches the vision tower too."""
+    from tests.conftest import save_tiny_qwen_vl
     from verl.utils.vlm import build_vlm
 
-    vlm = build_vlm(tiny_model_path, tmp_path / "vlm", vision_width=32, vision_layers=1, vision_heads=2)
+    if family == "idefics3":
+        vlm = build_vlm(tiny_model_path, tmp_path / "vlm", vision_width=32, vision_layers=1, vision_heads=2)
+        tower, language = "vision_model", "text_model"
+    else:
+        vlm = save_tiny_qwen_vl(tmp_path / "vlm", tokenizer)
+        tower, language = "visual", "model.layers"  # the names Qwen2-VL checkpoints keep
     run_dir = tmp_path / "run"
     train("sokoban", str(vlm), run_dir, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.name=hf",
@@ -344,7 +352,7 @@ def test_a_vision_language_model_trains_on_pictures(tiny_model_path, tmp_path):
     assert validation["val/num_turns"] == 2 and metrics["rollout/num_turns"] == 2
     assert metrics["actor/rollout_kl"] < 1e-4
     changed = changed_tensors(str(vlm), run_dir / "global_step_1" / "actor")
-    assert any("vision_model" in key for key in changed) and any("text_model" in key for key in changed)
+    assert any(tower in key for key in changed) and any(language in key for key in changed)
     records = [json.loads(line) for line in (run_dir / "rollouts" / "val" / "step_0.jsonl").read_text().splitlines()]
     assert all(turn["state"] == "<image>" and len(turn["images"]) == 1 for r in records for turn in r["turns"])
     page = (run_dir / "log" / "val_step_0" / f"trajectory_data_{records[0]['env_id']}.html").read_text()

@@ -7,6 +7,7 @@ from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from ragen.envs import make_env
+from tests.conftest import save_tiny_qwen_vl
 from verl.utils.vlm import IMAGE_TOKEN, build_vlm
 
 
@@ -14,6 +15,15 @@ from verl.utils.vlm import IMAGE_TOKEN, build_vlm
 def vlm_path(tiny_model_path, tmp_path_factory) -> str:
     return str(build_vlm(tiny_model_path, tmp_path_factory.mktemp("vlm"), image_size=96, patch_size=16,
                          vision_width=32, vision_layers=1, vision_heads=2))
+
+
+@pytest.fixture(scope="module", params=["idefics3", "qwen2_vl", "qwen2_5_vl"])
+def any_vlm(request, vlm_path, tokenizer, tmp_path_factory) -> str:
+    """Both ways a model takes pictures: image tokens in a row (Idefics3, made here) and on a grid of positions
+    (the Qwen2-VL family's M-RoPE)."""
+    if request.param == "idefics3":
+        return vlm_path
+    return save_tiny_qwen_vl(tmp_path_factory.mktemp(request.param), tokenizer, request.param)
 
 
 def test_on_text_alone_it_computes_what_the_language_model_did(vlm_path, tiny_model_path):
@@ -47,12 +57,13 @@ def test_a_size_that_does_not_fill_whole_patches_is_refused(tiny_model_path, tmp
         build_vlm(tiny_model_path, tmp_path, image_size=100, patch_size=16)
 
 
-def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_and_pictures(vlm_path):
+def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_and_pictures(any_vlm):
     from ragen.config import AgentProxyConfig
     from ragen.context_manager import ContextManager
-    from verl.utils.vlm import image_prompt_text
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import image_prompt_text, model_pixel_inputs, pixel_inputs
 
-    processor = AutoProcessor.from_pretrained(vlm_path)
+    processor = load_processor(any_vlm)
     env = make_env("sokoban", {"image_observation": "with_text", "cell_separator": " "})
     obs, info = env.reset(seed=3)
     image_text = image_prompt_text(processor, info["images"][0])
@@ -65,41 +76,39 @@ def test_a_trajectory_with_pictures_holds_the_ids_the_processor_gives_its_text_a
     obs, _, _, _, info = env.step("Down")
     assert cm.add_observation(trajectory, obs, -0.1, 2, response_length=16, images=tuple(info["images"]))
     block = processor.tokenizer.encode(image_text, add_special_tokens=False)  # one picture's ids, as the processor
-    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    assert len(block) >= 36  # at least one image token per board cell
+    vlm = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
     for window, shown in ((-1, 2), (1, 1)):  # the whole dialogue, then the last state alone
         cm.config.max_context_window = window
         ids, pictures = cm.prompt_ids(trajectory), cm.prompt_images(trajectory)
         assert len(pictures) == shown and np.array_equal(pictures[-1], info["images"][0])
         starts = [i for i in range(len(ids)) if ids[i:i + len(block)] == block]
         assert len(starts) == shown  # each picture shown is one processor block in the ids the engine gets
-        pixels = processor.image_processor([[Image.fromarray(p)] for p in pictures], return_tensors="pt")
-        pixels = {k: v.reshape(1, -1, *v.shape[2:]) for k, v in pixels.items()}  # one prompt, its pictures in order
-        vlm(input_ids=torch.tensor([ids]), **pixels)  # the model finds one embedding slot per image feature
+        input_ids = torch.tensor([ids])
+        vlm(input_ids=input_ids, **model_pixel_inputs(vlm.config, pixel_inputs(processor, [pictures]), input_ids))
     with pytest.raises(ValueError, match="1 <image> placeholder\\(s\\) and comes with 0 picture"):
         cm.start("S", obs, 3)
     cm.processor = None
-    with pytest.raises(ValueError, match="this model reads text only"):
-        cm.start("S", obs, 3, images=tuple(info["images"]))
-
-
-def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_does(vlm_path, tiny_model_path):
-    from verl.utils.vlm import image_prompt_text
+def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_does(any_vlm, tiny_model_path):
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import image_prompt_text, model_pixel_inputs, pixel_inputs
     from verl.workers.rollout import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
 
-    processor = AutoProcessor.from_pretrained(vlm_path)
+    processor = load_processor(any_vlm)
     pictures = [make_env("sokoban", {"image_observation": "alone"}).reset(seed=s)[1]["images"][0] for s in (0, 1)]
     prompts = [processor.tokenizer.encode(image_prompt_text(processor, p) + "Where is the player?",
                                           add_special_tokens=False) for p in pictures]
     prompts[1] = prompts[1][:-2]  # rows of two lengths: left padding
-    engine = HFRollout(vlm_path, processor.tokenizer, "float32", torch.device("cpu"))
+    engine = HFRollout(any_vlm, processor.tokenizer, "float32", torch.device("cpu"))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=5)
     out = engine.generate(prompts, sampling, images=[[p] for p in pictures])
-    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    vlm = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
     assert all(out.token_ids)
     for prompt, picture, response in zip(prompts, pictures, out.token_ids):
-        pixels = processor.image_processor([[Image.fromarray(picture)]], return_tensors="pt")
-        alone = vlm.generate(input_ids=torch.tensor([prompt]), **pixels, max_new_tokens=5, do_sample=False,
+        input_ids = torch.tensor([prompt])
+        pixels = model_pixel_inputs(vlm.config, pixel_inputs(processor, [[picture]]), input_ids)
+        alone = vlm.generate(input_ids=input_ids, **pixels, max_new_tokens=5, do_sample=False,
                              eos_token_id=engine.eos_ids)
         assert response == alone[0, len(prompt):].tolist()[:len(response)]
     text_engine = HFRollout(tiny_model_path, processor.tokenizer, "float32", torch.device("cpu"))
@@ -107,18 +116,20 @@ def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_doe
         text_engine.generate(prompts, sampling, images=[[p] for p in pictures])
 
 
-def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(vlm_path):
+def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(any_vlm):
     """Token-exact with pictures: the training batch (ContextManager.to_batch: ids, context-window mask and the
     pixel inputs of every picture of a row) gives the sampled tokens the log-probs the engine gave them; without
     the pixel inputs it does not, so the pictures are what the trainer reads."""
     from ragen.config import AgentProxyConfig
     from ragen.context_manager import ContextManager
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import PIXEL_KEYS
     from verl.workers.actor import token_log_probs
     from verl.workers.rollout import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
 
-    processor = AutoProcessor.from_pretrained(vlm_path)
-    engine = HFRollout(vlm_path, processor.tokenizer, "float32", torch.device("cpu"))
+    processor = load_processor(any_vlm)
+    engine = HFRollout(any_vlm, processor.tokenizer, "float32", torch.device("cpu"))
     config = AgentProxyConfig(max_turn=3, max_actions_per_turn=1, enable_think=False, max_context_window=1)
     envs = [make_env("sokoban", {"image_observation": "alone"}) for _ in range(2)]
     cm = ContextManager.for_envs(processor.tokenizer, config, {"S": envs[0]}, eos_ids=engine.eos_ids,
@@ -137,10 +148,41 @@ def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(vlm_pa
             if turn == 0:
                 assert cm.add_observation(trajectory, obs, 0.0, 2, response_length=6, images=tuple(info["images"]))
     batch = cm.to_batch(trajectories, [0, 1], ["S", "S"]).batch
-    assert batch["pixel_values"].shape[:2] == (2, 2)  # each row: the pictures of its two turns
-    vlm = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
+    if "image_grid_thw" in batch:  # each row: the pictures of its two turns
+        assert batch["image_grid_thw"].shape[:2] == (2, 2)
+    else:
+        assert batch["pixel_values"].shape[:2] == (2, 2)
+    vlm = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
     mask = batch["loss_mask"].bool()
     seen = token_log_probs(vlm, batch, with_entropy=False, temperature=1.0)[0]
     torch.testing.assert_close(seen[mask], batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
-    blind = {k: v for k, v in batch.items() if not k.startswith("pixel_")}
+    blind = {k: v for k, v in batch.items() if k not in PIXEL_KEYS}
     assert (token_log_probs(vlm, blind, with_entropy=False, temperature=1.0)[0][mask] - seen[mask]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_mrope_positions_of_whole_prompts_are_the_models_own(family, tokenizer, tmp_path):
+    """`mrope_position_ids` (which the trainer uses, context windows included) against the model's own
+    `get_rope_index` on right-padded rows of two lengths, one with two pictures of two sizes, one with none."""
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import image_prompt_text, model_pixel_inputs, mrope_position_ids, pixel_inputs
+
+    path = save_tiny_qwen_vl(tmp_path, tokenizer, family)
+    processor = load_processor(path)
+    small = make_env("sokoban", {"image_observation": "alone"}).reset(seed=0)[1]["images"][0]  # 96 x 96
+    wide = np.concatenate([small, small], axis=1)  # 96 x 192: a grid of 6 x 12 image tokens
+    rows = [[small, wide], []]
+    texts = ["A" + image_prompt_text(processor, small) + "B C" + image_prompt_text(processor, wide) + "D E F", "G H"]
+    ids = [processor.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    width = max(map(len, ids))
+    input_ids = torch.tensor([row + [processor.tokenizer.pad_token_id] * (width - len(row)) for row in ids])
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
+    pixels = pixel_inputs(processor, rows)
+    vlm = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    model_inputs = model_pixel_inputs(vlm.config, pixels, input_ids)
+    expected, _ = vlm.model.get_rope_index(input_ids, model_inputs["mm_token_type_ids"],
+                                           image_grid_thw=model_inputs["image_grid_thw"], attention_mask=attention_mask)
+    positions = mrope_position_ids(vlm.config, input_ids, torch.arange(width).expand(2, -1), pixels["image_grid_thw"])
+    real = attention_mask.bool()
+    assert torch.equal(positions[:, real], expected[:, real])
+    assert not torch.equal(positions[0, 0], positions[1, 0])  # the pictures' tokens: rows and columns apart

@@ -190,10 +190,15 @@ def is_vision_language(path: str) -> bool:
 
 
 def load_processor(path: str):
-    """A vision-language model's processor (its pictures' pixel inputs and image tokens); None for a text model."""
-    from transformers import AutoProcessor
+    """A vision-language model's processor (its pictures' pixel inputs and image tokens); None for a text model.
+    The Qwen2-VL family gets `verl.utils.vlm.MRopeProcessor`, its tokenizer and image processor."""
+    from transformers import AutoConfig, AutoProcessor
 
-    return AutoProcessor.from_pretrained(path) if is_vision_language(path) else None
+    from verl.utils.vlm import MRopeProcessor, uses_mrope
+
+    if not is_vision_language(path):
+        return None
+    return MRopeProcessor(path) if uses_mrope(AutoConfig.from_pretrained(path)) else AutoProcessor.from_pretrained(path)
 
 
 def model_class(path: str):
@@ -224,16 +229,24 @@ def enable_activation_checkpointing(model) -> None:
 
 def forward_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`model(**...)`'s inputs for a batch of right-padded rows: input_ids, position_ids and the attention mask
-    (and a vision-language model's pixel inputs, when the batch holds pictures: ContextManager.to_batch).
+    (and a vision-language model's pixel inputs, when the batch holds pictures: ContextManager.to_batch; for the
+    Qwen2-VL family with their M-RoPE positions, `verl.utils.vlm.mrope_position_ids`).
 
     Without `hidden_from` in the batch the mask is the padding mask (B, T): causal attention over each row,
     and no (T, T) mask is ever built. With it (a context window, ragen/context_manager.py) every token sees
     only what the rollout engine's prompt held: the (B, 1, T, T) mask of `windowed_attention_mask`, which
     transformers passes to the attention as it is. Flash-attention takes no such mask: a model loaded with
     it is switched to PyTorch's sdpa here, once."""
+    from verl.utils.vlm import PIXEL_KEYS, model_pixel_inputs, mrope_position_ids, uses_mrope
+
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
               "position_ids": batch["position_ids"]}
-    inputs |= {key: batch[key] for key in ("pixel_values", "pixel_attention_mask") if key in batch}  # pictures
+    pixels = {key: batch[key] for key in PIXEL_KEYS if key in batch}
+    if pixels:  # pictures; the Qwen2-VL family places their tokens on a grid of positions
+        inputs |= model_pixel_inputs(model.config, pixels, batch["input_ids"])
+        if uses_mrope(model.config):
+            inputs["position_ids"] = mrope_position_ids(model.config, batch["input_ids"], batch["position_ids"],
+                                                        batch["image_grid_thw"], batch.get("hidden_from"))
     if "hidden_from" not in batch:
         return inputs
     if model.config._attn_implementation != "sdpa":  # eager would add a bool mask as numbers

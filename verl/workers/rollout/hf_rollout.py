@@ -24,7 +24,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from verl.utils.fingerprint import Fingerprint, weight_fingerprints
 from verl.utils.model import DTYPES, eos_token_ids, load_causal_lm, load_processor
-from verl.utils.vlm import pixel_inputs
+from verl.utils.vlm import model_pixel_inputs, pixel_inputs
 from verl.workers.rollout.base import Generation, SamplingParams, sampled_log_probs
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
 
@@ -68,11 +68,12 @@ class HFRollout:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         pad_id = self.tokenizer.pad_token_id
-        pixels = self._pixel_inputs(images) if images is not None and any(images) else {}
-        cache, self._cache = (None, None) if pixels else (self._cache, None)  # freed once the rows are selected
+        pictures = images is not None and any(images)
+        cache, self._cache = (None, None) if pictures else (self._cache, None)  # freed once the rows are selected
         history, history_ids, history_mask, shared = take_history(cache, prompt_ids)
         chunks = [ids[n:] for ids, n in zip(prompt_ids, shared)]  # what the cache does not hold yet
         input_ids, chunk_mask = left_padded(chunks, pad_id)  # (B, C) each
+        pixels = self._pixel_inputs(images, input_ids) if pictures else {}
         width = input_ids.shape[1]
         attention_mask = torch.cat([history_mask, chunk_mask], dim=1)  # (B, H + C)
         greedy = sampling.temperature == 0
@@ -104,13 +105,13 @@ class HFRollout:
                        attention_mask, [len(r) for r in responses])
         return Generation(responses, [row[:len(r)] for row, r in zip(log_probs.tolist(), responses)])
 
-    def _pixel_inputs(self, images: list[list]) -> dict[str, torch.Tensor]:
-        """The processor's pixel inputs for each prompt's pictures (a prompt with fewer gets blank padding
-        pictures, which the model skips)."""
+    def _pixel_inputs(self, images: list[list], input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's pixel inputs for each prompt's pictures (`input_ids`: the left-padded prompts)."""
         if self.processor is None:
             raise ValueError("prompts with pictures need a vision-language model; this one reads text only")
+        pixels = model_pixel_inputs(self.model.config, pixel_inputs(self.processor, images), input_ids)
         return {key: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
-                for key, value in pixel_inputs(self.processor, images).items()}
+                for key, value in pixels.items()}
 
     def _keep(self, cache: DynamicCache, token_ids: torch.Tensor, prompt_mask: torch.Tensor,
               kept: list[int]) -> None:
