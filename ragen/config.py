@@ -484,17 +484,11 @@ def _validate_envs(cfg: RagenConfig, training: bool) -> None:
     def shows_pictures(tag: str) -> bool:
         return cfg.custom_envs[tag].env_config.get("image_observation", "none") != "none"
 
-    from verl.trainer.core_algos import ADV_ESTIMATORS
-
     trained = cfg.es_manager.train.env_configs.tags if training else []
     for tag in filter(shows_pictures, [*trained, *cfg.es_manager.val.env_configs.tags]):
         key = f"custom_envs.{tag}.env_config.image_observation"
         _check(cfg.actor_rollout_ref.rollout.name == "hf", f"{key}: pictures need the hf rollout engine "
                f"(actor_rollout_ref.rollout.name=hf, not {cfg.actor_rollout_ref.rollout.name!r})")
-    for tag in filter(shows_pictures, trained):
-        _check(not ADV_ESTIMATORS[cfg.algorithm.adv_estimator].uses_critic,
-               f"custom_envs.{tag}.env_config.image_observation: a critic does not read pictures yet; train on "
-               f"pictures with a critic-free estimator (algo=rloo or grpo), not {cfg.algorithm.adv_estimator!r}")
 
 
 def _validate_server(key: str, server: EnvServerConfig) -> None:

@@ -329,12 +329,13 @@ def test_a_model_that_does_not_exist_is_named_before_a_resume_is_checked(tmp_pat
     assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith("model not found:")
 
 
-@pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
-def test_a_vision_language_model_trains_on_pictures(family, tiny_model_path, tokenizer, tmp_path):
+@pytest.mark.parametrize("family, algo", [("idefics3", "rloo"), ("qwen2_vl", "bi_level_gae")])
+def test_a_vision_language_model_trains_on_pictures(family, algo, tiny_model_path, tokenizer, tmp_path):
     """`train.sh sokoban` on pictures alone (image_observation=alone) with a tiny vision-language model of each
     kind (image tokens in a row: Idefics3, made here; on a grid of positions: Qwen2-VL): the hf engine samples
     from the pictures, the actor scores the same tokens with the same pictures (the log-prob gap stays at
-    numerical noise) and the update reaches the vision tower too."""
+    numerical noise) and the update reaches the vision tower too. With VAGEN's bi-level GAE (per-turn rewards)
+    a critic made of the same model reads the pictures and is trained beside it."""
     from tests.conftest import save_tiny_qwen_vl
     from verl.utils.vlm import build_vlm
 
@@ -346,13 +347,22 @@ def test_a_vision_language_model_trains_on_pictures(family, tiny_model_path, tok
         tower, language = "visual", "model.layers"  # the names Qwen2-VL checkpoints keep
     run_dir = tmp_path / "run"
     train("sokoban", str(vlm), run_dir, "trainer.total_training_steps=1", "trainer.backend=local",
-          "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.name=hf",
+          "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.name=hf", f"algo={algo}",
+          "actor_rollout_ref.rollout.rollout_filter_value=1",
           "+custom_envs.CoordSokoban.env_config.image_observation=alone")
     validation, metrics = read_metrics(run_dir)
     assert validation["val/num_turns"] == 2 and metrics["rollout/num_turns"] == 2
     assert metrics["actor/rollout_kl"] < 1e-4
     changed = changed_tensors(str(vlm), run_dir / "global_step_1" / "actor")
     assert any(tower in key for key in changed) and any(language in key for key in changed)
+    if algo == "bi_level_gae":  # the critic: trained, and saved with its one-output head
+        assert "critic/vf_loss" in metrics
+        before, critic = load_file(Path(vlm) / "model.safetensors"), load_file(run_dir / "global_step_1" / "critic" /
+                                                                           "model.safetensors")
+        assert critic["lm_head.weight"].shape[0] == 1 and critic.keys() - before.keys() <= {"lm_head.weight",
+                                                                                          "lm_head.bias"}
+        changed = [key for key in before if not torch.equal(before[key], critic[key])]
+        assert any(tower in key for key in changed) and any(language in key for key in changed)
     records = [json.loads(line) for line in (run_dir / "rollouts" / "val" / "step_0.jsonl").read_text().splitlines()]
     assert all(turn["state"] == "<image>" and len(turn["images"]) == 1 for r in records for turn in r["turns"])
     page = (run_dir / "log" / "val_step_0" / f"trajectory_data_{records[0]['env_id']}.html").read_text()

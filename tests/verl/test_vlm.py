@@ -116,20 +116,17 @@ def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_doe
         text_engine.generate(prompts, sampling, images=[[p] for p in pictures])
 
 
-def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(any_vlm):
-    """Token-exact with pictures: the training batch (ContextManager.to_batch: ids, context-window mask and the
-    pixel inputs of every picture of a row) gives the sampled tokens the log-probs the engine gave them; without
-    the pixel inputs it does not, so the pictures are what the trainer reads."""
+def picture_batch(vlm_path: str) -> dict[str, torch.Tensor]:
+    """Two 2-turn Sokoban trajectories on pictures alone, sampled by the hf engine with a context window of one
+    turn, as the training batch holds them (ContextManager.to_batch: ids, window mask, every picture of a row)."""
     from ragen.config import AgentProxyConfig
     from ragen.context_manager import ContextManager
     from verl.utils.model import load_processor
-    from verl.utils.vlm import PIXEL_KEYS
-    from verl.workers.actor import token_log_probs
     from verl.workers.rollout import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
 
-    processor = load_processor(any_vlm)
-    engine = HFRollout(any_vlm, processor.tokenizer, "float32", torch.device("cpu"))
+    processor = load_processor(vlm_path)
+    engine = HFRollout(vlm_path, processor.tokenizer, "float32", torch.device("cpu"))
     config = AgentProxyConfig(max_turn=3, max_actions_per_turn=1, enable_think=False, max_context_window=1)
     envs = [make_env("sokoban", {"image_observation": "alone"}) for _ in range(2)]
     cm = ContextManager.for_envs(processor.tokenizer, config, {"S": envs[0]}, eos_ids=engine.eos_ids,
@@ -152,12 +149,42 @@ def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(any_vl
         assert batch["image_grid_thw"].shape[:2] == (2, 2)
     else:
         assert batch["pixel_values"].shape[:2] == (2, 2)
+    return batch
+
+
+def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(any_vlm):
+    """Token-exact with pictures: the training batch gives the sampled tokens the log-probs the engine gave them;
+    without the pixel inputs it does not, so the pictures are what the trainer reads."""
+    from verl.utils.vlm import PIXEL_KEYS
+    from verl.workers.actor import token_log_probs
+
+    batch = picture_batch(any_vlm)
     vlm = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
     mask = batch["loss_mask"].bool()
     seen = token_log_probs(vlm, batch, with_entropy=False, temperature=1.0)[0]
     torch.testing.assert_close(seen[mask], batch["rollout_log_probs"][mask], atol=1e-4, rtol=0)
     blind = {k: v for k, v in batch.items() if k not in PIXEL_KEYS}
     assert (token_log_probs(vlm, blind, with_entropy=False, temperature=1.0)[0][mask] - seen[mask]).abs().max() > 1e-3
+
+
+def test_the_critic_of_a_vision_language_model_reads_the_pictures(any_vlm):
+    """The value model of a vision-language policy is that model with a one-output head: its backbone weights
+    are the policy's, its values (B, T, 1) change with the pictures, and it starts the same on every load."""
+    from verl.utils.model import forward_inputs, load_value_model
+    from verl.utils.vlm import PIXEL_KEYS
+
+    batch = picture_batch(any_vlm)
+    critic = load_value_model(any_vlm)
+    policy = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
+    weights = policy.state_dict()
+    backbone = {k: v for k, v in critic.state_dict().items() if not k.startswith("lm_head.")}
+    assert backbone and all(torch.equal(v, weights[k]) for k, v in backbone.items())
+    with torch.no_grad():
+        values = critic(**forward_inputs(critic, batch)).logits
+        blind = {k: v for k, v in batch.items() if k not in PIXEL_KEYS}
+        assert values.shape == (*batch["input_ids"].shape, 1)
+        assert (critic(**forward_inputs(critic, blind)).logits - values).abs().max() > 1e-4
+        assert torch.equal(load_value_model(any_vlm)(**forward_inputs(critic, batch)).logits, values)
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])

@@ -282,31 +282,41 @@ def last_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
 
 
 def load_value_model(path: str, attn_implementation: str = "sdpa", load_report: bool = False):
-    """The policy's architecture with a scalar head (`AutoModelForTokenClassification`, one label), fp32.
+    """The policy's architecture with a scalar head, fp32: `AutoModelForTokenClassification` with one label,
+    or for a vision-language model (which has no such class) the model itself with its LM head swapped for a
+    one-output head (`score`), so that it reads the pictures the policy reads. Either way `.logits` is
+    (B, T, 1).
 
     The backbone comes from the checkpoint at `path`; the head is new, drawn from a fixed seed, so every
     rank (and every run) starts from the same critic. Dropout before the head is off, so a value is a
     deterministic function of the tokens. transformers' load report, which always lists the new head as
     MISSING, is shown only with `load_report`; a backbone weight missing from the checkpoint is an error.
     """
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoModelForTokenClassification
 
+    vision = is_vision_language(path)
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
+    if vision:  # the head is no longer the input embedding's transpose
+        for part in (config, config.get_text_config()):
+            part.tie_word_embeddings = False
     report_logger = logging.getLogger("transformers.modeling_utils")
     if not load_report:  # a filter, not a level: at WARNING transformers would run a tensor-parallel check that warns
         report_logger.addFilter(_errors_only)
     try:
         with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
             torch.manual_seed(0)
-            model, info = AutoModelForTokenClassification.from_pretrained(
+            model, info = (AutoModelForImageTextToText if vision else AutoModelForTokenClassification).from_pretrained(
                 path, config=config, dtype=torch.float32, attn_implementation=attn_implementation,
                 output_loading_info=True)
+            if vision:
+                model.lm_head = torch.nn.Linear(config.get_text_config().hidden_size, 1)
     except OSError as e:
         raise ModelNotFoundError(f"could not load the critic's model {path!r}: {e}") from e
     finally:
         report_logger.removeFilter(_errors_only)
-    backbone_missing = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
+    prefix = "model." if vision else f"{model.base_model_prefix}."
+    backbone_missing = sorted(k for k in info["missing_keys"] if k.startswith(prefix))
     if backbone_missing:
         raise ModelNotFoundError(f"the critic's backbone weights {backbone_missing[:5]} are missing from {path}: "
                          "it would start from random weights there. Is it a complete causal LM folder?")

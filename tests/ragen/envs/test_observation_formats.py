@@ -317,7 +317,7 @@ def test_text_observations_carry_no_pictures_and_a_bad_image_mode_is_named(env_t
         check_env_config(env_type, {"image_observation": "pixels"})
 
 
-def test_pictures_need_the_hf_engine_and_training_on_them_a_critic_free_estimator():
+def test_pictures_need_the_hf_engine():
     from ragen.config import ConfigError, validate
     from ragen.overrides import load_config
 
@@ -327,7 +327,6 @@ def test_pictures_need_the_hf_engine_and_training_on_them_a_critic_free_estimato
     validate(load_config("sokoban", [*pictures, "actor_rollout_ref.rollout.name=hf"]), world_size=1)  # RLOO
     with_critic = [*pictures, "actor_rollout_ref.rollout.name=hf", "algo=starpo_s",
                    "actor_rollout_ref.rollout.rollout_filter_value=1"]
-    with pytest.raises(ConfigError, match="a critic does not read pictures yet"):
-        validate(load_config("sokoban", with_critic), world_size=1)
-    # python -m ragen.eval plays only the validation envs: pictures there need the hf engine, nothing more
-    validate(load_config("sokoban", with_critic), world_size=1, training=False)
+    validate(load_config("sokoban", with_critic), world_size=1)  # the critic reads the pictures too
+    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: pictures need the hf"):
+        validate(load_config("sokoban", pictures), world_size=1, training=False)  # ragen.eval: the same rule
