@@ -1,19 +1,31 @@
-"""Teach a vision-language model to read a board from its picture: LLaVA's first stage, on rendered frames.
+"""Teach a vision-language model to read a board from its picture, on rendered frames, in two stages.
 
-    python -m ragen.sft.vision_align <vlm folder> <output folder> [--env sokoban] [--steps 300] ...
+    python -m ragen.sft.vision_align <vlm folder> <output folder> [--env sokoban] [--cell-steps 100] [--steps 300] ...
 
-The model (a folder `verl/utils/vlm.py` wrote, or any Idefics3-style model with a processor) is shown the
-picture of a board and asked for its state; the answer it learns is the board's coordinate text (the env's
-`observation_format: coord`: one `(row, col)` line per kind of cell), drawn from the same state as the
-picture, so data costs nothing and is never wrong. The vision tower and the connector learn (AdamW, a cosine
+The model is a folder `verl/utils/vlm.py` wrote, or any Idefics3-style model with a processor, with one image
+token per board cell (16-pixel tiles, 16-pixel patches, no pixel shuffle; for FrozenLake's 4 x 4 boards build
+it with `--image-size 64`).
+
+1. Cells (`--cell-steps`). The vision tower and the connector learn to turn each cell's patch into the
+   language model's input embedding of that cell's symbol as the text grid writes it (`" #"`, `" P"`, ...; the
+   mean of the pieces of a symbol of several tokens): mean squared error against those embeddings, nothing
+   through the language model, so a step costs a forward and backward of the vision side alone. The picture
+   then reaches the language model as the grid's own tokens, one per cell, without the line breaks. Reading
+   is scored on held-out boards by decoding each image token to the nearest symbol embedding: `cell_accuracy`
+   (against `commonest_symbol`, what reading every cell as the commonest symbol scores), and `exact`, the share
+   of boards read right in every cell (so every position on them).
+2. Language (`--steps`): LLaVA's first stage. The model is shown the picture of a board and asked for its
+   state; the answer it learns is the board's coordinate text (the env's `observation_format: coord`: one
+   `(row, col)` line per kind of cell). Both stages draw their answers from the same state as the picture,
+   so data costs nothing and is never wrong. The vision tower and the connector learn (AdamW, a cosine
 after `--warmup` steps, bf16 autocast) and by default the language model stays frozen (LLaVA's first stage;
 `--lm-lr` trains it too, at its own learning rate), on boards from start states and from random walks of up to
 `--walk` moves (so that the player, not only the level, varies). One process, no FSDP.
 
-Before and after training it scores greedy answers on `--test-boards` boards no training step used (seeds from
+Before and after stage 2 it scores greedy answers on `--test-boards` boards no training step used (seeds from
 `--test-seed`): `exact`, the share of answers equal to the true text, and `partial`, the mean share of
-coordinate lines right (ragen/world_model_reward.py's per-object credit). Both go to `<output>/score.json`
-and the model, with its processor, to `<output>`.
+coordinate lines right (ragen/world_model_reward.py's per-object credit). Both stages' scores go to
+`<output>/score.json` and the model, with its processor, to `<output>`.
 """
 
 import argparse
@@ -35,9 +47,9 @@ QUESTION = "Where is each thing on the board? Answer with one line of (row, col)
 
 
 def boards(env_type: str, seeds: range, walk: int, config: dict | None = None) -> list[tuple[np.ndarray, str]]:
-    """(picture, coordinate text) of one board per seed: its start state after a random walk of 0..walk
-    moves, both drawn by the env from the same state."""
-    env = make_env(env_type, (config or {}) | {"image_observation": "with_text", "observation_format": "coord"})
+    """(picture, text) of one board per seed: its start state after a random walk of 0..walk moves, both drawn
+    by the env from the same state; the text in `config`'s observation format, by default the coordinates."""
+    env = make_env(env_type, {"observation_format": "coord"} | (config or {}) | {"image_observation": "with_text"})
     out = []
     for seed in seeds:
         observation, info = env.reset(seed=seed)
@@ -48,6 +60,66 @@ def boards(env_type: str, seeds: range, walk: int, config: dict | None = None) -
                 break
         out.append((info["images"][0], observation.removeprefix(IMAGE_TOKEN + "\n")))
     return out
+
+
+def cell_boards(env_type: str, seeds: range, walk: int) -> list[tuple[np.ndarray, list[str]]]:
+    """(picture, each cell's symbol in reading order) of one board per seed (`boards`)."""
+    grids = boards(env_type, seeds, walk, {"observation_format": "grid", "cell_separator": " "})
+    return [(picture, text.replace("\n", " ").split(" ")) for picture, text in grids]
+
+
+class CellReader:
+    """Stage 1: each cell's image token regressed onto the language model's embedding of the cell's symbol."""
+
+    def __init__(self, model, processor, symbols: list[str], lr: float):
+        self.model, self.processor = model, processor
+        embeddings = model.get_input_embeddings().weight.detach()
+        pieces = [processor.tokenizer.encode(" " + symbol, add_special_tokens=False) for symbol in symbols]
+        self.symbols = {symbol: i for i, symbol in enumerate(symbols)}
+        self.targets = torch.stack([embeddings[ids].mean(dim=0) for ids in pieces])  # (S, H)
+        language = {id(p) for p in [*model.model.text_model.parameters(), *model.lm_head.parameters()]}
+        self.trained = [p for p in model.parameters() if id(p) not in language]
+        self.optimizer = torch.optim.AdamW(self.trained, lr=lr, weight_decay=0.0)
+
+    def tokens(self, pictures: list[np.ndarray]) -> torch.Tensor:
+        """(boards, image tokens, H): what the connector hands the language model for each picture."""
+        pixels = self.processor.image_processor([[Image.fromarray(p)] for p in pictures], return_tensors="pt")
+        out = self.model.model.get_image_features(pixels["pixel_values"], pixels["pixel_attention_mask"])
+        features = out.pooler_output if hasattr(out, "pooler_output") else out
+        features = torch.stack(list(features)) if isinstance(features, (list, tuple)) else features
+        return features.reshape(len(pictures), -1, features.shape[-1])
+
+    def _labels(self, batch: list[tuple[np.ndarray, list[str]]], tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] != len(batch[0][1]):
+            raise ValueError(f"the model gives {tokens.shape[1]} image tokens for a board of {len(batch[0][1])} "
+                             "cells: the cell stage needs one per cell (python -m verl.utils.vlm --image-size "
+                             "<16 x the board's side> --patch-size 16 --scale-factor 1)")
+        return torch.tensor([[self.symbols[c] for c in cells] for _, cells in batch])
+
+    def step(self, batch: list[tuple[np.ndarray, list[str]]]) -> float:
+        self.model.train()
+        tokens = self.tokens([p for p, _ in batch])
+        loss = torch.nn.functional.mse_loss(tokens, self.targets[self._labels(batch, tokens)])
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    @torch.no_grad()
+    def score(self, test: list[tuple[np.ndarray, list[str]]], batch_size: int) -> dict:
+        """Each image token read as the symbol with the nearest embedding."""
+        self.model.eval()
+        right = []
+        for start in range(0, len(test), batch_size):
+            chunk = test[start:start + batch_size]
+            tokens = self.tokens([p for p, _ in chunk])
+            read = torch.cdist(tokens, self.targets[None]).argmin(dim=-1)  # (boards, cells)
+            right.append(read == self._labels(chunk, tokens))
+        right = torch.cat(right)
+        cells = [c for _, board in test for c in board]
+        commonest = max(map(cells.count, set(cells))) / len(cells)  # reading every cell as the commonest symbol
+        return {"cell_accuracy": right.float().mean().item(), "exact": right.all(dim=1).float().mean().item(),
+                "commonest_symbol": commonest, "boards": len(test)}
 
 
 class Aligner:
@@ -130,7 +202,10 @@ def main(argv=None) -> dict:
     parser.add_argument("model", help="a vision-language model folder (python -m verl.utils.vlm)")
     parser.add_argument("output", help="where the trained model, its processor and score.json go")
     parser.add_argument("--env", default="sokoban", choices=["sokoban", "frozen_lake"])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--cell-steps", type=int, default=100, help="stage 1's steps (0: skip it)")
+    parser.add_argument("--cell-lr", type=float, default=1e-3)
+    parser.add_argument("--cell-batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=300, help="stage 2's steps (0: skip it)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3, help="the vision tower's and connector's learning rate")
     parser.add_argument("--lm-lr", type=float, default=0.0,
@@ -144,7 +219,24 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     aligner = Aligner(args.model, args.lr, args.steps, args.warmup, args.lm_lr)
-    test = boards(args.env, range(args.test_seed, args.test_seed + args.test_boards), args.walk)
+    tested = range(args.test_seed, args.test_seed + args.test_boards)
+    cell_test = cell_boards(args.env, tested, args.walk)
+    cell_train = cell_boards(args.env, range(args.seed, args.seed + args.cell_steps * args.cell_batch_size), args.walk)
+    symbols = sorted({c for _, cells in cell_train + cell_test for c in cells})
+    reader = CellReader(aligner.model, aligner.processor, symbols, args.cell_lr)
+    cells = {"before": reader.score(cell_test, args.cell_batch_size)}
+    print(f"[cells] before: cell accuracy {cells['before']['cell_accuracy']:.3f}, exact {cells['before']['exact']:.3f}",
+          flush=True)
+    cell_losses, start = [], time.perf_counter()
+    for step in range(args.cell_steps):
+        cell_losses.append(reader.step(cell_train[step * args.cell_batch_size:(step + 1) * args.cell_batch_size]))
+        if (step + 1) % 10 == 0 or step + 1 == args.cell_steps:
+            print(f"[cells] step {step + 1}: loss {np.mean(cell_losses[-10:]):.6f} "
+                  f"({(time.perf_counter() - start) / (step + 1):.2f} s a step)", flush=True)
+    cells |= {"after": reader.score(cell_test, args.cell_batch_size), "losses": cell_losses}
+    print(f"[cells] after {args.cell_steps} steps: cell accuracy {cells['after']['cell_accuracy']:.3f}, "
+          f"exact {cells['after']['exact']:.3f} of {args.test_boards} held-out boards", flush=True)
+    test = boards(args.env, tested, args.walk)
     train = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
     before = aligner.score(test, args.batch_size, args.max_new_tokens)
     print(f"[vision] before: exact {before['exact']:.3f}, partial {before['partial']:.3f}", flush=True)
@@ -159,7 +251,7 @@ def main(argv=None) -> dict:
     output = Path(args.output)
     aligner.model.save_pretrained(output)
     aligner.processor.save_pretrained(output)
-    score = {"before": before, "after": after, "losses": losses, "args": vars(args)}
+    score = {"cells": cells, "before": before, "after": after, "losses": losses, "args": vars(args)}
     (output / "score.json").write_text(json.dumps(score, indent=1), encoding="utf-8")
     return score
 
