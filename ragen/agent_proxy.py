@@ -18,7 +18,7 @@ import numpy as np
 from ragen.config import AgentProxyConfig
 from ragen.context_manager import ContextManager, Trajectory, reply_spans, token_pieces
 from ragen.env_state_manager import EnvState, EnvStateManager
-from ragen.trajectory_browser import png_uri
+from ragen.envs.utils import png_uri
 from ragen.world_model_reward import turn_credits
 from verl.protocol import DataProto
 from verl.utils.tracking import progress

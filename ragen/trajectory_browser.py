@@ -35,7 +35,6 @@ import json
 import math
 import re
 import struct
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +42,7 @@ import numpy as np
 
 from ragen.config import CustomEnvConfig
 from ragen.envs import frozen_lake, make_env
-from ragen.envs.utils import grid_to_rgb
+from ragen.envs.utils import PNG_PREFIX, grid_to_rgb, png_uri
 from verl.utils.tracking import read_jsonl, to_json
 
 # env_type -> its picture tiles, from the env's `env_config` dict; envs drawn as a grid of symbols only
@@ -58,7 +57,6 @@ STEP_DIRS = {"train": "step_{}", "val": "val_step_{}"}  # split -> its steps' fo
 SPLIT_NAMES = {"train": "train", "val": "validation"}  # as the pages show them
 MANIFEST = "trajectories.json"
 # No source but the page itself: a stray URL in model text can never load anything.
-PNG_PREFIX = "data:image/png;base64,"
 PNG_URI = re.compile(re.escape(PNG_PREFIX) + r"iVBORw0KGgo[A-Za-z0-9+/]+=*")  # a PNG (its signature), nothing else
 PAGE_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 INDEX_CSP = PAGE_CSP + "; script-src 'unsafe-inline'"
@@ -70,19 +68,6 @@ esc = html.escape  # quote=True: safe inside attribute values too
 
 
 # ---- pictures ------------------------------------------------------------------------------------------
-def png_bytes(rgb: np.ndarray) -> bytes:
-    """A (H, W, 3) uint8 picture as a PNG file: 8-bit RGB, no row filter, one zlib stream."""
-    height, width, _ = rgb.shape
-    rows = np.concatenate([np.zeros((height, 1), np.uint8), rgb.reshape(height, width * 3)], axis=1)  # (H, 1 + 3W)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # bit depth 8, colour type 2 (RGB)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9)) + \
-        chunk(b"IEND", b"")
-
-
 def state_picture(text: str, tiles: dict[str, np.ndarray]) -> np.ndarray | None:
     """The env's `rgb_array` picture redrawn from its text state; None when the text is not a rectangle
     of the tiles' symbols (a truncated or foreign state, or coordinates alone, is shown as text only). The
@@ -124,11 +109,6 @@ def reply_html(reply: str) -> str:
         elif piece:
             parts.append(f'<span class="{inside}">{esc(piece)}</span>')
     return "".join(parts)
-
-
-def png_uri(picture: np.ndarray) -> str:
-    """An (H, W, 3) uint8 picture as a PNG data URI."""
-    return PNG_PREFIX + base64.b64encode(png_bytes(picture)).decode("ascii")
 
 
 def state_html(text: str, tiles: dict[str, np.ndarray] | None, caption: str, shown: list[str] | None = None) -> str:

@@ -6,7 +6,10 @@
 # `bash train.sh <env> model_path=<output_dir>` continues from with RL. Extra key=value arguments go to the SFT
 # trainer (config/sft.yaml), e.g. trainer.total_training_steps=200, except overrides of the recipe's environments
 # and agent (es_manager.*, agent_proxy.*, custom_envs.*), which go to the data generation, so that the expert plays
-# the board as RL will show it (give RL the same ones); --option=value arguments go to the data generation
+# the board as RL will show it (give RL the same ones), and model_path=, which goes to both (the data is tokenized
+# for that model; with a vision-language model and an image env, e.g.
+# +custom_envs.CoordSokoban.env_config.image_observation=alone, each sample carries its picture); --option=value
+# arguments go to the data generation
 # (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
 # expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
 # the same data options reuses it, and the same command after an interruption goes on from the last save
@@ -40,6 +43,7 @@ for arg in "$@"; do
     case $arg in
         --*=*) DATA_OPTIONS+=("$arg") ;;
         es_manager.*=* | agent_proxy.*=* | custom_envs.*=* | +custom_envs.*=*) RECIPE+=("$arg") ;;
+        model_path=*) RECIPE+=("$arg"); TRAINER+=("model.path=${arg#model_path=}") ;;  # the data's tokenizer too
         *) TRAINER+=("$arg") ;;
     esac
 done

@@ -1,6 +1,10 @@
 """Pieces every grid environment shares: the step `info`, the text state in its observation formats, tile pictures
 for `rgb_array`, a shortest-path search."""
 
+import base64
+import io
+import struct
+import zlib
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
@@ -221,3 +225,31 @@ def start_episode(env: gymnasium.Env, seed: int, stream: list[int] | None) -> tu
     if stream is not None:
         reseed(env, stream)
     return observation, info
+
+
+PNG_PREFIX = "data:image/png;base64,"
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """A (H, W, 3) uint8 picture as a PNG file: 8-bit RGB, no row filter, one zlib stream."""
+    height, width, _ = rgb.shape
+    rows = np.concatenate([np.zeros((height, 1), np.uint8), rgb.reshape(height, width * 3)], axis=1)  # (H, 1 + 3W)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # bit depth 8, colour type 2 (RGB)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9)) + \
+        chunk(b"IEND", b"")
+
+
+def png_uri(picture: np.ndarray) -> str:
+    """An (H, W, 3) uint8 picture as a PNG data URI."""
+    return PNG_PREFIX + base64.b64encode(png_bytes(picture)).decode("ascii")
+
+
+def from_png(data: bytes) -> np.ndarray:
+    """A PNG file (`png_bytes`) as the (H, W, 3) uint8 picture it holds."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))

@@ -20,6 +20,8 @@ holds states off the expert's path (after a wrong push, beside a wall) and the w
 oracle cannot solve any more (a box pushed into a corner) gives no samples. Train and test seeds never
 overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records
 the recipe and a fingerprint of the tokenizer; the SFT trainer refuses data made with another tokenizer.
+Image envs (`image_observation`, with a vision-language `model_path`): each per-move row also holds its prompt's
+pictures, as PNG files in `images`, in the order of their image tokens; the trainer hands them to the model.
 
     python -m ragen.sft.data --env sokoban --train-size 1000 --test-size 64 --output data/sft/sokoban
 """
@@ -41,6 +43,7 @@ from ragen.overrides import load_config
 from ragen.create_data import write_parquet
 from ragen.env_state_manager import EnvState, EnvStateManager
 from ragen.envs.baselines import ORACLE_PLANS
+from ragen.envs.utils import png_bytes
 from ragen.train import make_agent
 from verl.protocol import DataProto
 from verl.utils.model import load_tokenizer, resolve_model_path
@@ -61,8 +64,8 @@ class ExpertPolicy:
         self.describe_state = describe_state  # the thought first says where things are (the env's describe())
         self.noise = noise  # the chance that a turn plays a random move instead of the expert's
         self.rng = np.random.default_rng([seed, 2])
-        # env id -> (prompt ids, reply ids, the oracle's own reply?) per turn
-        self.moves: dict[int, list[tuple[list[int], list[int], bool]]] = {}
+        # env id -> (prompt ids, reply ids, the oracle's own reply?, the prompt's pictures) per turn
+        self.moves: dict[int, list[tuple[list[int], list[int], bool, list[np.ndarray]]]] = {}
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         active = [state for state in self.env_manager.states if not state.done]
@@ -70,8 +73,10 @@ class ExpertPolicy:
         replies = [self.reply(state) for state in active]
         # the prompt already ends with the forced opening tag; the reply continues after it, like a sampled one
         ids = [self.tokenizer.encode(text, add_special_tokens=False) for text, _ in replies]
-        for state, prompt, reply_ids, (_, expert) in zip(active, prompts.non_tensor_batch["prompt_ids"], ids, replies):
-            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids, expert))
+        pictures = prompts.non_tensor_batch.get("prompt_images", [[]] * len(active))  # image envs: each prompt's
+        for state, prompt, reply_ids, (_, expert), shown in zip(active, prompts.non_tensor_batch["prompt_ids"], ids,
+                                                                replies, pictures):
+            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids, expert, list(shown)))
         # written, not sampled: no rollout log-probs (the SFT data keeps only the text)
         return DataProto(non_tensor_batch={"response_ids": ids, "response_log_probs": [[0.0] * len(r) for r in ids]})
 
@@ -125,13 +130,14 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     tags = cfg.es_manager.train.env_configs.tags
     columns: dict[str, list] = {key: [] for key in ("tag", "seed", "split", "success", "reward", "num_turns",
-                                                   "input_ids", "loss_mask", "text", "turns")}
+                                                   "input_ids", "loss_mask", "text", "turns", "images")}
 
-    def add_row(record: dict, ids: list[int], loss_mask: list[int], turns: list[dict]) -> None:
+    def add_row(record: dict, ids: list[int], loss_mask: list[int], turns: list[dict],
+                pictures: list[np.ndarray]) -> None:
         for key, value in (("tag", record["tag"]), ("seed", record["seed"]), ("split", split),
                            ("success", record["success"]), ("reward", record["reward"]), ("num_turns", len(turns)),
                            ("input_ids", ids), ("loss_mask", loss_mask), ("text", tokenizer.decode(ids)),
-                           ("turns", json.dumps(turns))):
+                           ("turns", json.dumps(turns)), ("images", [png_bytes(p) for p in pictures])):
             columns[key].append(value)
 
     for start in range(seeds.start, seeds.stop, EPISODES_PER_ROLLOUT):
@@ -148,12 +154,16 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
         lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
         for i, record in enumerate(rollout.records):
             if per_move:  # the loop plays env i's turns in order, so its k-th move answered turn k
-                for (prompt, reply, oracle), turn in zip(expert.moves[record["env_id"]], record["turns"]):
+                for (prompt, reply, oracle, shown), turn in zip(expert.moves[record["env_id"]], record["turns"]):
                     if oracle:
-                        add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn])
+                        add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn], shown)
                 continue
+            if any(shown for *_, shown in expert.moves[record["env_id"]]):
+                raise ValueError("whole-episode rows do not carry pictures: generate the data of an image env "
+                                 "with --per-move")
             ids = rollout.batch.batch["input_ids"][i, :lengths[i]].tolist()
-            add_row(record, ids, rollout.batch.batch["loss_mask"][i, :lengths[i]].to(int).tolist(), record["turns"])
+            add_row(record, ids, rollout.batch.batch["loss_mask"][i, :lengths[i]].to(int).tolist(), record["turns"],
+                    [])
     table = pa.table(columns)
     metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
                 "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags)),

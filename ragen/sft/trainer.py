@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 
 from ragen.config import AgentProxyConfig, ConfigError
 from ragen.context_manager import ANSWER_CLOSE, parse_reply, reply_opening, reply_spans, reply_text
+from ragen.envs.utils import from_png
 from ragen.sft.data import tokenizer_fingerprint
 from verl.protocol import DataProto
 from verl.single_controller import Worker
@@ -45,9 +46,10 @@ from verl.utils.checkpoint import (config_changes, fixed_changes, listed_changes
                                    save_train_state)
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard
 from verl.utils.lora import load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import load_tokenizer, read_weights, resolve_model_path, untied
+from verl.utils.model import load_processor, load_tokenizer, read_weights, resolve_model_path, untied
 from verl.utils.run_folder import check_name, check_run_dir
 from verl.utils.tracking import Tracking
+from verl.utils.vlm import pixel_inputs
 from verl.workers.actor import load_policy, token_log_probs
 from verl.workers.ppo_update import make_optimizer, ppo_update
 from verl.workers.rollout import SamplingParams
@@ -121,6 +123,7 @@ class Split:
     loss_mask: list[list[int]]
     expert_replies: list[list[str]]  # per conversation, the oracle's reply of each turn
     reply_format: AgentProxyConfig  # the recipe's format settings, recorded by the data generator
+    images: list[list[bytes]]  # per conversation, its pictures as PNG files, in the order of its image tokens
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -143,11 +146,13 @@ def load_split(path: str, tokenizer, max_length: int) -> Split:
     replies = [[turn["response"] for turn in json.loads(turns)] for turns in table.column("turns").to_pylist()]
     reply_format = AgentProxyConfig(**{k: v for k, v in json.loads(metadata["ragen.agent_proxy"]).items()
                                        if k != "reward_normalization"})
-    return Split(input_ids, loss_mask, replies, reply_format)
+    images = table.column("images").to_pylist() if "images" in table.column_names else [[] for _ in input_ids]
+    return Split(input_ids, loss_mask, replies, reply_format, images)
 
 
-def collate(split: Split, indices, pad_id: int) -> DataProto:
-    """Right-padded (B, T) tensors in the layout the actor's forward takes."""
+def collate(split: Split, indices, pad_id: int, processor=None) -> DataProto:
+    """Right-padded (B, T) tensors in the layout the actor's forward takes; with pictures (a vision-language
+    model's `processor`), their pixel inputs too (verl.utils.vlm.pixel_inputs)."""
     width = max(len(split.input_ids[i]) for i in indices)
     batch = {"input_ids": torch.full((len(indices), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros((len(indices), width), dtype=torch.long),
@@ -159,6 +164,8 @@ def collate(split: Split, indices, pad_id: int) -> DataProto:
         batch["attention_mask"][row, :n] = 1
         batch["position_ids"][row, :n] = torch.arange(n)
         batch["loss_mask"][row, :n] = torch.tensor(split.loss_mask[i], dtype=torch.float32)
+    if any(split.images[i] for i in indices):
+        batch |= pixel_inputs(processor, [[from_png(data) for data in split.images[i]] for i in indices])
     return DataProto(batch=batch)
 
 
@@ -179,6 +186,10 @@ class SFTTrainer(Worker):
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.train = load_split(cfg.data.train_file, self.tokenizer, cfg.data.max_length)
         self.test = load_split(cfg.data.test_file, self.tokenizer, cfg.data.max_length)
+        self.processor = load_processor(cfg.model.path)  # a vision-language model's, for data with pictures
+        if self.processor is None and any(self.train.images + self.test.images):
+            raise ConfigError(f"{cfg.data.train_file} holds pictures, which model.path={cfg.model.path!r} cannot read: "
+                              "train a vision-language model on it (the one the data was generated with)")
         self.steps_per_epoch = len(self.train) // cfg.trainer.train_batch_size
         if self.steps_per_epoch == 0:
             raise ConfigError(f"{len(self.train)} training conversations do not fill one batch of "
@@ -231,7 +242,7 @@ class SFTTrainer(Worker):
             start = time.perf_counter()
             batch_rows = order[s * cfg.train_batch_size:(s + 1) * cfg.train_batch_size]
             batch = collate(self.train, batch_rows[self.rank * per_rank:(self.rank + 1) * per_rank],
-                            self.tokenizer.pad_token_id)
+                            self.tokenizer.pad_token_id, self.processor)
             metrics = ppo_update(self.model, self.optimizer, batch, self._nll, lr_scheduler=self.lr_scheduler,
                                  mini_batch_size=per_rank, micro_batch_size=cfg.micro_batch_size_per_gpu,
                                  epochs=1, grad_clip=cfg.grad_clip, mask_key="loss_mask",
@@ -267,7 +278,7 @@ class SFTTrainer(Worker):
         micro = self.cfg.trainer.micro_batch_size_per_gpu
         for start in range(0, per_rank, micro):
             chunk = rows[start:start + micro] or [0]  # a rank out of rows runs a dummy forward and counts nothing
-            batch = collate(self.test, chunk, self.tokenizer.pad_token_id).to(self.device).batch
+            batch = collate(self.test, chunk, self.tokenizer.pad_token_id, self.processor).to(self.device).batch
             log_probs, _ = token_log_probs(self.model, batch, with_entropy=False, temperature=1.0)
             if rows[start:start + micro]:
                 totals[0] -= (log_probs * batch["loss_mask"]).sum().item()
@@ -299,7 +310,8 @@ class SFTTrainer(Worker):
         for start in range(0, len(mine), cfg.batch_size):
             chunk = mine[start:start + cfg.batch_size]
             prompts = [self.test.input_ids[i][:s] for i, s, _ in chunk]
-            responses = self.generator.generate(prompts, sampling).token_ids
+            pictures = [[from_png(data) for data in self.test.images[i]] for i, _, _ in chunk]
+            responses = self.generator.generate(prompts, sampling, images=pictures if any(pictures) else None).token_ids
             for (i, _, k), response in zip(chunk, responses):
                 parsed = parse(reply_text(self.tokenizer, response, reply_open))
                 expert = parse(self.test.expert_replies[i][k])
@@ -330,6 +342,8 @@ class SFTTrainer(Worker):
             else:
                 self.model.save_pretrained(staging, state_dict=untied(weights, self.model.config))
             self.tokenizer.save_pretrained(staging)
+            if self.processor is not None:  # a vision-language model's image processor (and processor) with it
+                self.processor.save_pretrained(staging)
             OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
             state = {"step": step, "total_steps": total, "world_size": self.world_size,
                      "epoch": step / self.steps_per_epoch, "base_model": self.cfg.model.path}

@@ -236,22 +236,26 @@ def main(argv=None) -> dict:
     cells |= {"after": reader.score(cell_test, args.cell_batch_size), "losses": cell_losses}
     print(f"[cells] after {args.cell_steps} steps: cell accuracy {cells['after']['cell_accuracy']:.3f}, "
           f"exact {cells['after']['exact']:.3f} of {args.test_boards} held-out boards", flush=True)
-    test = boards(args.env, tested, args.walk)
-    train = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
-    before = aligner.score(test, args.batch_size, args.max_new_tokens)
-    print(f"[vision] before: exact {before['exact']:.3f}, partial {before['partial']:.3f}", flush=True)
-    losses, start = [], time.perf_counter()
-    for step in range(args.steps):
-        losses.append(aligner.step(train[step * args.batch_size:(step + 1) * args.batch_size]))
-        if (step + 1) % 10 == 0 or step + 1 == args.steps:
-            print(f"[vision] step {step + 1}: loss {np.mean(losses[-10:]):.4f} "
-                  f"({(time.perf_counter() - start) / (step + 1):.1f} s a step)", flush=True)
-    after = aligner.score(test, args.batch_size, args.max_new_tokens)
-    print(f"[vision] after {args.steps} steps: exact {after['exact']:.3f}, partial {after['partial']:.3f}", flush=True)
+    score = {"cells": cells}
+    if args.steps > 0:
+        test = boards(args.env, tested, args.walk)
+        train = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
+        before = aligner.score(test, args.batch_size, args.max_new_tokens)
+        print(f"[vision] before: exact {before['exact']:.3f}, partial {before['partial']:.3f}", flush=True)
+        losses, start = [], time.perf_counter()
+        for step in range(args.steps):
+            losses.append(aligner.step(train[step * args.batch_size:(step + 1) * args.batch_size]))
+            if (step + 1) % 10 == 0 or step + 1 == args.steps:
+                print(f"[vision] step {step + 1}: loss {np.mean(losses[-10:]):.4f} "
+                      f"({(time.perf_counter() - start) / (step + 1):.1f} s a step)", flush=True)
+        after = aligner.score(test, args.batch_size, args.max_new_tokens)
+        print(f"[vision] after {args.steps} steps: exact {after['exact']:.3f}, partial {after['partial']:.3f}",
+              flush=True)
+        score |= {"before": before, "after": after, "losses": losses}
     output = Path(args.output)
     aligner.model.save_pretrained(output)
     aligner.processor.save_pretrained(output)
-    score = {"cells": cells, "before": before, "after": after, "losses": losses, "args": vars(args)}
+    score["args"] = vars(args)
     (output / "score.json").write_text(json.dumps(score, indent=1), encoding="utf-8")
     return score
 

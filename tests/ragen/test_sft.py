@@ -220,6 +220,40 @@ def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, 
     assert other.num_rows < train.num_rows and "Board size" not in other.column("text")[0].as_py()
 
 
+@pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
+def test_a_warm_start_on_pictures_trains_a_vision_language_model(family, tmp_path, tiny_model_path, tokenizer):
+    """sft/warm_start.sh with a vision-language model_path and Sokoban on pictures alone: each per-move sample
+    holds the picture its prompt showed (a PNG), the trainer feeds it to the model (the vision tower learns),
+    scores greedy replies from pictures, and the saved folder is a complete model_path (its processor with it)."""
+    from transformers import AutoModelForImageTextToText
+
+    from ragen.envs.utils import from_png
+    from tests.conftest import save_tiny_qwen_vl
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import build_vlm
+
+    vlm = str(build_vlm(tiny_model_path, tmp_path / "vlm", vision_width=32, vision_layers=1, vision_heads=2)
+              if family == "idefics3" else save_tiny_qwen_vl(tmp_path / "vlm", tokenizer))
+    out = tmp_path / "warm"
+    done = subprocess.run(["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), f"model_path={vlm}",
+                           "+custom_envs.CoordSokoban.env_config.image_observation=alone", "--train-size=2",
+                           "--test-size=1", "trainer.total_training_steps=2", "trainer.train_batch_size=4",
+                           "trainer.micro_batch_size_per_gpu=2", "eval.max_turns=2", "eval.max_new_tokens=4",
+                           "optim.lr=1e-3"],
+                          capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    train = pq.read_table(out / "data" / "train.parquet")
+    pictures = train.column("images").to_pylist()
+    assert all(len(row) == 1 and from_png(row[0]).shape == (96, 96, 3) for row in pictures)  # window 1: one state
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "val/action_accuracy" in metrics[-1] and metrics[-1]["val/format_accuracy"] >= 0  # replies to pictures
+    assert load_processor(str(out)) is not None
+    before = AutoModelForImageTextToText.from_pretrained(vlm).state_dict()
+    after = AutoModelForImageTextToText.from_pretrained(str(out)).state_dict()
+    tower = "vision_model" if family == "idefics3" else "visual"
+    assert any(tower in key and not torch.equal(before[key], after[key]) for key in before)
+
+
 def test_data_for_another_tokenizer_is_refused(tmp_path, bundled_model_path, tokenizer):
     generate_main(["--env", "bandit", "--train-size", "2", "--test-size", "0", "--output", str(tmp_path)])
     assert len(load_split(str(tmp_path / "train.parquet"), tokenizer, 4096)) == 2

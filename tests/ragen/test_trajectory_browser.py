@@ -423,7 +423,7 @@ def test_the_browser_is_written_in_utf8_under_a_c_locale(tmp_path):
 def test_states_shown_as_pictures_are_drawn_from_the_record_and_nothing_else_passes(tmp_path):
     """An image env's record keeps the pictures the model saw (PNG data URIs); the page shows those. Anything
     in their place that is not a PNG data URI (an edited or hostile record) is dropped, never written out."""
-    from ragen.trajectory_browser import png_uri
+    from ragen.envs.utils import png_uri
 
     env = make_env("sokoban", {"image_observation": "alone"})
     obs, info = env.reset(seed=2)

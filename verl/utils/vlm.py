@@ -189,6 +189,10 @@ class MRopeProcessor:
             [config.vision_start_token_id, config.image_token_id, config.vision_end_token_id])
         self.image_token = self.start + self.pad + self.end
 
+    def save_pretrained(self, path: str | Path) -> None:
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+
     def __call__(self, text: list[str], images: list[list[Image.Image]], add_special_tokens: bool = True) -> dict:
         input_ids = []
         for line, pictures in zip(text, images, strict=True):
