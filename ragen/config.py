@@ -487,8 +487,9 @@ def _validate_envs(cfg: RagenConfig, training: bool) -> None:
     trained = cfg.es_manager.train.env_configs.tags if training else []
     for tag in filter(shows_pictures, [*trained, *cfg.es_manager.val.env_configs.tags]):
         key = f"custom_envs.{tag}.env_config.image_observation"
-        _check(cfg.actor_rollout_ref.rollout.name == "hf", f"{key}: pictures need the hf rollout engine "
-               f"(actor_rollout_ref.rollout.name=hf, not {cfg.actor_rollout_ref.rollout.name!r})")
+        _check(cfg.actor_rollout_ref.rollout.name in ("torch", "hf"), f"{key}: pictures need the torch or hf "
+               f"rollout engine (actor_rollout_ref.rollout.name=torch or hf, not "
+               f"{cfg.actor_rollout_ref.rollout.name!r}; the Qwen2-VL family: hf)")
 
 
 def _validate_server(key: str, server: EnvServerConfig) -> None:

@@ -329,11 +329,11 @@ def test_a_model_that_does_not_exist_is_named_before_a_resume_is_checked(tmp_pat
     assert result.returncode != 0 and result.stderr.strip().splitlines()[-1].startswith("model not found:")
 
 
-@pytest.mark.parametrize("family, algo", [("idefics3", "rloo"), ("qwen2_vl", "bi_level_gae")])
-def test_a_vision_language_model_trains_on_pictures(family, algo, tiny_model_path, tokenizer, tmp_path):
+@pytest.mark.parametrize("family, algo, engine", [("idefics3", "rloo", "torch"), ("qwen2_vl", "bi_level_gae", "hf")])
+def test_a_vision_language_model_trains_on_pictures(family, algo, engine, tiny_model_path, tokenizer, tmp_path):
     """`train.sh sokoban` on pictures alone (image_observation=alone) with a tiny vision-language model of each
-    kind (image tokens in a row: Idefics3, made here; on a grid of positions: Qwen2-VL): the hf engine samples
-    from the pictures, the actor scores the same tokens with the same pictures (the log-prob gap stays at
+    kind (image tokens in a row: Idefics3, made here, with the torch engine; on a grid of positions: Qwen2-VL, with
+    the hf engine): the engine samples from the pictures, the actor scores the same tokens with the same pictures (the log-prob gap stays at
     numerical noise) and the update reaches the vision tower too. With VAGEN's bi-level GAE (per-turn rewards)
     a critic made of the same model reads the pictures and is trained beside it."""
     from tests.conftest import save_tiny_qwen_vl
@@ -347,7 +347,7 @@ def test_a_vision_language_model_trains_on_pictures(family, algo, tiny_model_pat
         tower, language = "visual", "model.layers"  # the names Qwen2-VL checkpoints keep
     run_dir = tmp_path / "run"
     train("sokoban", str(vlm), run_dir, "trainer.total_training_steps=1", "trainer.backend=local",
-          "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.name=hf", f"algo={algo}",
+          "agent_proxy.max_turn=2", f"actor_rollout_ref.rollout.name={engine}", f"algo={algo}",
           "actor_rollout_ref.rollout.rollout_filter_value=1",
           "+custom_envs.CoordSokoban.env_config.image_observation=alone")
     validation, metrics = read_metrics(run_dir)

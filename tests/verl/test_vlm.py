@@ -213,3 +213,32 @@ def test_mrope_positions_of_whole_prompts_are_the_models_own(family, tokenizer, 
     real = attention_mask.bool()
     assert torch.equal(positions[:, real], expected[:, real])
     assert not torch.equal(positions[0, 0], positions[1, 0])  # the pictures' tokens: rows and columns apart
+
+
+def test_the_torch_engine_generates_from_pictures_as_the_model_does(vlm_path, tokenizer, tmp_path):
+    """The default engine on pictures (Idefics3): greedy tokens and log-probs equal the hf engine's, for left-padded
+    prompts with one picture each; a second call with other pictures is not answered from the first's cache. The
+    Qwen2-VL family is refused with the engine to use instead."""
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import image_prompt_text
+    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout.hf_rollout import HFRollout
+    from verl.workers.rollout.torch_rollout import TorchRollout
+
+    processor = load_processor(vlm_path)
+    pictures = [make_env("sokoban", {"image_observation": "alone"}).reset(seed=s)[1]["images"][0] for s in range(4)]
+    prompts = [processor.tokenizer.encode(image_prompt_text(processor, p) + "Where is the player?",
+                                          add_special_tokens=False) for p in pictures]
+    prompts[1] = prompts[1][:-2]  # rows of two lengths: left padding
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=6)
+    engines = [cls(vlm_path, processor.tokenizer, "float32", torch.device("cpu")) for cls in (HFRollout, TorchRollout)]
+    first_log_probs = []
+    for shown in (pictures[:2], pictures[2:]):  # the same prompt texts, other pictures
+        expected, got = (engine.generate(prompts[:2], sampling, images=[[p] for p in shown]) for engine in engines)
+        assert got.token_ids == expected.token_ids and all(got.token_ids)
+        for a, b in zip(got.log_probs, expected.log_probs):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=0)
+        first_log_probs.append(got.log_probs[0][0])
+    assert first_log_probs[0] != first_log_probs[1]  # the pictures, not only the text, decide the reply
+    with pytest.raises(ValueError, match="rollout.name=hf"):
+        TorchRollout(save_tiny_qwen_vl(tmp_path, tokenizer), processor.tokenizer, "float32", torch.device("cpu"))

@@ -196,9 +196,10 @@ def load_processor(path: str):
 
     from verl.utils.vlm import MRopeProcessor, uses_mrope
 
-    if not is_vision_language(path):
+    config = AutoConfig.from_pretrained(path)
+    if not hasattr(config, "vision_config"):  # is_vision_language
         return None
-    return MRopeProcessor(path) if uses_mrope(AutoConfig.from_pretrained(path)) else AutoProcessor.from_pretrained(path)
+    return MRopeProcessor(path) if uses_mrope(config) else AutoProcessor.from_pretrained(path)
 
 
 def model_class(path: str):

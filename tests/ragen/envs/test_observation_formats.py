@@ -317,16 +317,17 @@ def test_text_observations_carry_no_pictures_and_a_bad_image_mode_is_named(env_t
         check_env_config(env_type, {"image_observation": "pixels"})
 
 
-def test_pictures_need_the_hf_engine():
+def test_pictures_need_the_torch_or_hf_engine():
     from ragen.config import ConfigError, validate
     from ragen.overrides import load_config
 
     pictures = ["+custom_envs.CoordSokoban.env_config.image_observation=alone"]
-    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: pictures need the hf"):
-        validate(load_config("sokoban", pictures), world_size=1)
-    validate(load_config("sokoban", [*pictures, "actor_rollout_ref.rollout.name=hf"]), world_size=1)  # RLOO
-    with_critic = [*pictures, "actor_rollout_ref.rollout.name=hf", "algo=starpo_s",
-                   "actor_rollout_ref.rollout.rollout_filter_value=1"]
-    validate(load_config("sokoban", with_critic), world_size=1)  # the critic reads the pictures too
-    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: pictures need the hf"):
-        validate(load_config("sokoban", pictures), world_size=1, training=False)  # ragen.eval: the same rule
+    vllm = [*pictures, "actor_rollout_ref.rollout.name=vllm"]
+    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: pictures need the torch or hf"):
+        validate(load_config("sokoban", vllm), world_size=1)
+    for engine in ("torch", "hf"):  # RLOO, and with a critic, which reads the pictures too
+        validate(load_config("sokoban", [*pictures, f"actor_rollout_ref.rollout.name={engine}"]), world_size=1)
+        validate(load_config("sokoban", [*pictures, f"actor_rollout_ref.rollout.name={engine}", "algo=starpo_s",
+                                         "actor_rollout_ref.rollout.rollout_filter_value=1"]), world_size=1)
+    with pytest.raises(ConfigError, match="CoordSokoban.env_config.image_observation: pictures need the torch or hf"):
+        validate(load_config("sokoban", vllm), world_size=1, training=False)  # ragen.eval: the same rule

@@ -17,12 +17,19 @@ vocabulary entry. This engine runs the same layers with the same weights in a pl
 Greedy decoding gives HF `generate`'s tokens (tested token for token in fp32), and the prefix reuse across
 turns is the HF engine's (`prefix_cache.py`). Llama-family layers only (`SUPPORTED`); other models take
 `actor_rollout_ref.rollout.name=hf`.
+
+Pictures: a vision-language model whose language model is one of those and whose picture tokens take plain
+positions (Idefics3/SmolVLM, as verl/utils/vlm.py makes) generates from prompts with pictures: the prefill
+writes the vision side's features over the image tokens' embeddings, then the loop runs as for text. Such a
+call neither uses nor keeps the prefix cache, and prefills every prompt (identical ones included). The Qwen2-VL
+family's 3-D positions are not done here: it takes the hf engine.
 """
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from verl.utils.vlm import uses_mrope
 from verl.workers.rollout.base import Generation, SamplingParams, sampled_log_probs
 from verl.workers.rollout.hf_rollout import CACHE_FIELD, HFRollout, left_padded, stop_ends_in
 from verl.workers.rollout.prefix_cache import PrefixCache, take_history
@@ -90,23 +97,33 @@ class SlotCache:
 class TorchRollout(HFRollout):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        config = self.model.config
+        config = self.model.config.get_text_config()  # a vision-language model's language model
         if config.model_type not in SUPPORTED or "sliding_attention" in (getattr(config, "layer_types", None) or []):
             raise ValueError(f"the torch rollout engine runs {', '.join(SUPPORTED)} models without sliding-window "
                              f"layers; this one is {config.model_type!r}: set actor_rollout_ref.rollout.name=hf")
-        self.model.set_attn_implementation("ragen_grouped")
+        if uses_mrope(self.model.config):
+            raise ValueError("the torch rollout engine does not place pictures on a grid of positions (M-RoPE, the "
+                             "Qwen2-VL family): set actor_rollout_ref.rollout.name=hf")
         self.decoder = self.model.get_decoder()
+        self.decoder.set_attn_implementation("ragen_grouped")  # the language model only: a vision tower keeps sdpa
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Generation:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams,
+                 images: list[list] | None = None) -> Generation:
+        """`images`: each prompt's pictures ((H, W, 3) uint8 arrays), in the order of its image tokens."""
         generator = None if sampling.seed is None else torch.Generator(self.device).manual_seed(sampling.seed)
         max_new = sampling.max_new_tokens
-        # identical prompts (a group's first turn) are prefilled once, then their rows are copied
-        unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prompt_ids)))}  # prompt -> its prefill row
-        copy_of = torch.tensor([unique[p] for p in map(tuple, prompt_ids)]) if len(unique) < len(prompt_ids) else None
-        slots, token_ids, mask, end, logits, fed = self._prefill([list(p) for p in unique], max_new)
+        pictures = images if images is not None and any(images) else None
+        if pictures is not None:  # every prompt prefilled with its own pictures, nothing cached
+            self._cache, copy_of = None, None
+            slots, token_ids, mask, end, logits, fed = self._prefill([list(p) for p in prompt_ids], max_new, pictures)
+        else:  # identical prompts (a group's first turn) are prefilled once, then their rows are copied
+            unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prompt_ids)))}  # prompt -> its prefill row
+            copy_of = torch.tensor([unique[p] for p in map(tuple, prompt_ids)]) \
+                if len(unique) < len(prompt_ids) else None
+            slots, token_ids, mask, end, logits, fed = self._prefill([list(p) for p in unique], max_new)
         self.last_prompt_tokens = sum(map(len, prompt_ids))
         self.last_reused_tokens = self.last_prompt_tokens - fed  # from the cache or from an identical prompt
         if copy_of is not None:
@@ -144,15 +161,16 @@ class TorchRollout(HFRollout):
             lengths[live] += 1
         kept += self._keep_rows(slots, torch.arange(len(live)), live, token_ids, mask, responses,
                                 lengths - prompt_lengths, end)
-        if kept and sum(len(tokens) for tokens, _ in kept) * PrefixCache.position_bytes(slots.layers) \
-                <= self.prefix_cache_max_bytes:
+        if pictures is None and kept and sum(len(tokens) for tokens, _ in kept) * \
+                PrefixCache.position_bytes(slots.layers) <= self.prefix_cache_max_bytes:
             self._cache = PrefixCache(*zip(*kept))
         return Generation(responses, log_probs)
 
-    def _prefill(self, prompt_ids: list[list[int]], max_new: int):
-        """Feed the prompts past their cached prefixes. Returns the K/V buffers (room for `max_new` more
-        columns), the token ids (B, T) and attention mask (B, T) of the buffer columns, the first column
-        after the prompts, the last prompt position's logits (B, V) and the number of prompt tokens fed."""
+    def _prefill(self, prompt_ids: list[list[int]], max_new: int, images: list[list] | None = None):
+        """Feed the prompts past their cached prefixes (with `images`: whole, the cache is empty then). Returns
+        the K/V buffers (room for `max_new` more columns), the token ids (B, T) and attention mask (B, T) of the
+        buffer columns, the first column after the prompts, the last prompt position's logits (B, V) and the
+        number of prompt tokens fed."""
         cache, self._cache = self._cache, None  # freed as soon as the rows are selected
         history, history_ids, history_mask, shared = take_history(cache, prompt_ids, decode_room=max_new)
         chunks = [ids[n:] for ids, n in zip(prompt_ids, shared)]  # what the cache does not hold yet
@@ -170,13 +188,32 @@ class TorchRollout(HFRollout):
         causal = torch.ones((width, total), dtype=torch.bool).tril(diagonal=start)
         attend = mask[:, None, None, :] & causal  # (B, 1, C, T)
         attend[..., torch.arange(width), start + torch.arange(width)] = True  # padding attends itself: no empty rows
-        logits = self._forward(token_ids[:, start:end], positions[:, start:], self._additive(attend), slots, start)
+        embeddings = self._picture_embeddings(chunk_ids, images) if images is not None else None
+        logits = self._forward(token_ids[:, start:end], positions[:, start:], self._additive(attend), slots, start,
+                               embeddings)
         return slots, token_ids, mask, end, logits, sum(map(len, chunks))
 
-    def _forward(self, input_ids, position_ids, attention_mask, slots: SlotCache, start: int) -> torch.Tensor:
-        """The last position's logits (B, V) for `input_ids` (B, C) fed at columns start..start + C - 1."""
+    def _picture_embeddings(self, input_ids: torch.Tensor, images: list[list]) -> torch.Tensor:
+        """(B, C, H) input embeddings of left-padded prompts, each image token's replaced by the vision side's
+        feature for it, the pictures' features in the order of the image tokens (as the model's forward does)."""
+        pixels = self._pixel_inputs(images, input_ids)
+        out = self.model.get_image_features(**pixels)
+        features = out.pooler_output if hasattr(out, "pooler_output") else out
+        features = torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
+        embeddings = self.decoder.embed_tokens(input_ids.to(self.device))
+        slots = input_ids.to(self.device) == self.model.config.image_token_id
+        if int(slots.sum()) != features.numel() // embeddings.shape[-1]:
+            raise ValueError(f"the prompts hold {int(slots.sum())} image tokens for "
+                             f"{features.numel() // embeddings.shape[-1]} picture features")
+        embeddings[slots] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
+        return embeddings
+
+    def _forward(self, input_ids, position_ids, attention_mask, slots: SlotCache, start: int,
+                 embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        """The last position's logits (B, V) for `input_ids` (B, C) fed at columns start..start + C - 1
+        (`embeddings`: their input embeddings, when pictures replaced some)."""
         slots.start = start
-        hidden = self.decoder.embed_tokens(input_ids.to(self.device))
+        hidden = self.decoder.embed_tokens(input_ids.to(self.device)) if embeddings is None else embeddings
         position_ids = position_ids.to(self.device)
         rope = self.decoder.rotary_emb(hidden, position_ids=position_ids)
         attention_mask = attention_mask.to(self.device)
