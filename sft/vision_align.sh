@@ -8,7 +8,7 @@
 # e.g. bash sft/vision_align.sh sokoban models/sokoban-vlm --steps 200 --batch-size 8
 # <env> is sokoban or frozen_lake; LM=<language model> picks the language model (default: the bundled one);
 # the options are python -m ragen.sft.vision_align's (--cell-steps, --steps, --batch-size, --lr, --walk, ...).
-# The aligned model (<output_dir>/model) is a model_path for python -m ragen.eval on pictures (rollout.name=hf).
+# The aligned model (<output_dir>/model) is a model_path for sft/warm_start.sh and python -m ragen.eval on pictures.
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
