@@ -284,9 +284,9 @@ def last_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
 
 def load_value_model(path: str, attn_implementation: str = "sdpa", load_report: bool = False):
     """The policy's architecture with a scalar head, fp32: `AutoModelForTokenClassification` with one label,
-    or for a vision-language model (which has no such class) the model itself with its LM head swapped for a
-    one-output head (`score`), so that it reads the pictures the policy reads. Either way `.logits` is
-    (B, T, 1).
+    or for a vision-language model (which has no such class) the model itself with its LM head (`lm_head`)
+    swapped for a one-output linear head, so that it reads the pictures the policy reads. Either way `.logits`
+    is (B, T, 1).
 
     The backbone comes from the checkpoint at `path`; the head is new, drawn from a fixed seed, so every
     rank (and every run) starts from the same critic. Dropout before the head is off, so a value is a
