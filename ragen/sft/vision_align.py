@@ -197,6 +197,17 @@ class Aligner:
                 "lines": {label: float(np.mean(right)) for label, right in lines.items()}}
 
 
+def train(step, data: list, steps: int, batch_size: int, stage: str) -> list[float]:
+    """`steps` calls of `step` on consecutive batches of `data`; the losses, printed every 10 steps."""
+    losses, start = [], time.perf_counter()
+    for i in range(steps):
+        losses.append(step(data[i * batch_size:(i + 1) * batch_size]))
+        if (i + 1) % 10 == 0 or i + 1 == steps:
+            print(f"[{stage}] step {i + 1}: loss {np.mean(losses[-10:]):.6f} "
+                  f"({(time.perf_counter() - start) / (i + 1):.2f} s a step)", flush=True)
+    return losses
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a vision-language model folder (python -m verl.utils.vlm)")
@@ -227,27 +238,17 @@ def main(argv=None) -> dict:
     cells = {"before": reader.score(cell_test, args.cell_batch_size)}
     print(f"[cells] before: cell accuracy {cells['before']['cell_accuracy']:.3f}, exact {cells['before']['exact']:.3f}",
           flush=True)
-    cell_losses, start = [], time.perf_counter()
-    for step in range(args.cell_steps):
-        cell_losses.append(reader.step(cell_train[step * args.cell_batch_size:(step + 1) * args.cell_batch_size]))
-        if (step + 1) % 10 == 0 or step + 1 == args.cell_steps:
-            print(f"[cells] step {step + 1}: loss {np.mean(cell_losses[-10:]):.6f} "
-                  f"({(time.perf_counter() - start) / (step + 1):.2f} s a step)", flush=True)
+    cell_losses = train(reader.step, cell_train, args.cell_steps, args.cell_batch_size, "cells")
     cells |= {"after": reader.score(cell_test, args.cell_batch_size), "losses": cell_losses}
     print(f"[cells] after {args.cell_steps} steps: cell accuracy {cells['after']['cell_accuracy']:.3f}, "
           f"exact {cells['after']['exact']:.3f} of {args.test_boards} held-out boards", flush=True)
     score = {"cells": cells}
     if args.steps > 0:
         test = boards(args.env, tested, args.walk)
-        train = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
+        data = boards(args.env, range(args.seed, args.seed + args.steps * args.batch_size), args.walk)
         before = aligner.score(test, args.batch_size, args.max_new_tokens)
         print(f"[vision] before: exact {before['exact']:.3f}, partial {before['partial']:.3f}", flush=True)
-        losses, start = [], time.perf_counter()
-        for step in range(args.steps):
-            losses.append(aligner.step(train[step * args.batch_size:(step + 1) * args.batch_size]))
-            if (step + 1) % 10 == 0 or step + 1 == args.steps:
-                print(f"[vision] step {step + 1}: loss {np.mean(losses[-10:]):.4f} "
-                      f"({(time.perf_counter() - start) / (step + 1):.1f} s a step)", flush=True)
+        losses = train(aligner.step, data, args.steps, args.batch_size, "vision")
         after = aligner.score(test, args.batch_size, args.max_new_tokens)
         print(f"[vision] after {args.steps} steps: exact {after['exact']:.3f}, partial {after['partial']:.3f}",
               flush=True)

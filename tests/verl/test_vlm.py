@@ -247,3 +247,30 @@ def test_the_torch_engine_generates_from_pictures_as_the_model_does(vlm_path, to
     assert first_log_probs[0] != first_log_probs[1]  # the pictures, not only the text, decide the reply
     with pytest.raises(ValueError, match="rollout.name=hf"):
         TorchRollout(save_tiny_qwen_vl(tmp_path, tokenizer), processor.tokenizer, "float32", torch.device("cpu"))
+
+
+def test_a_lora_adapter_on_a_vision_language_model_reads_the_pictures_and_merges_exactly(any_vlm):
+    """LoRA ("all-linear") adapts the vision side and the language model alike; the adapted model scores a
+    picture trajectory through the trainer's forward, and the merged weights (what the rollout engine gets)
+    score it the same, in a plain model of the base class."""
+    from verl.utils.lora import ADAPTER, apply_lora, merge_lora
+    from verl.workers.actor import token_log_probs
+
+    batch = picture_batch(any_vlm)
+    adapted = apply_lora(AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32), rank=4, alpha=8,
+                         target_modules="all-linear")
+    layers = [name for name, module in adapted.named_modules() if hasattr(module, "lora_B")]
+    tower = "vision_model" if "vision_model" in "".join(layers) else "visual"
+    assert any(tower in name for name in layers) and any(tower not in name for name in layers)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter: lora_B is zero at the start
+        for name, module in adapted.named_modules():
+            if hasattr(module, "lora_B"):
+                module.lora_B[ADAPTER].weight.normal_(std=0.05)
+    mask = batch["loss_mask"].bool()
+    seen = token_log_probs(adapted, batch, with_entropy=False, temperature=1.0)[0]
+    assert (seen[mask] - batch["rollout_log_probs"][mask]).abs().max() > 1e-3  # the adapter changed the policy
+    merged = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
+    merged.load_state_dict(merge_lora(adapted.state_dict(), scale=8 / 4))
+    torch.testing.assert_close(token_log_probs(merged, batch, with_entropy=False, temperature=1.0)[0][mask],
+                               seen[mask], atol=1e-4, rtol=0)
