@@ -310,8 +310,8 @@ class SFTTrainer(Worker):
         for start in range(0, len(mine), cfg.batch_size):
             chunk = mine[start:start + cfg.batch_size]
             prompts = [self.test.input_ids[i][:s] for i, s, _ in chunk]
-            pictures = [[from_png(data) for data in self.test.images[i]] for i, _, _ in chunk]
-            responses = self.generator.generate(prompts, sampling, images=pictures if any(pictures) else None).token_ids
+            pictures = [[from_png(data) for data in self.test.images[i]] for i, _, _ in chunk]  # empty for text
+            responses = self.generator.generate(prompts, sampling, images=pictures).token_ids
             for (i, _, k), response in zip(chunk, responses):
                 parsed = parse(reply_text(self.tokenizer, response, reply_open))
                 expert = parse(self.test.expert_replies[i][k])
