@@ -42,6 +42,7 @@ format, by the first character of its text), from which the trainer builds TRICO
 inside the thought are text like any other (ragen/sft/world_model.py fills them with the true states).
 """
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -205,6 +206,13 @@ class Trajectory:
         self.turn_ids += [turn] * len(ids)
 
 
+def state_key(text: str, trajectory: Trajectory, turn: int) -> tuple:
+    """What identifies the state that `turn` of `trajectory` answered: its text and the pixels of the pictures
+    shown with it (a picture-only state's text is `<image>` whatever the board)."""
+    pictures = [image for image, shown in zip(trajectory.images, trajectory.image_turns) if shown == turn]
+    return text, *(hashlib.sha1(np.ascontiguousarray(p)).hexdigest() + str(p.shape) for p in pictures)
+
+
 class ContextManager:
     def __init__(self, tokenizer, config: AgentProxyConfig, instructions: dict[str, str],
                  example_actions: dict[str, tuple[str, ...]], eos_ids: list[int], max_model_len: int = 1 << 30,
@@ -324,7 +332,9 @@ class ContextManager:
         `position_ids` and `hidden_from` say where each token stood in the prompts (`window_layout`;
         padding: never hidden); without one there is no `hidden_from` and positions run 0, 1, ...
         Pictures (image envs): `pixel_values` and `pixel_attention_mask`, the processor's inputs for all of a
-        row's pictures in the order of its image tokens (`verl.utils.vlm.pixel_inputs`)."""
+        row's pictures in the order of its image tokens (`verl.utils.vlm.pixel_inputs`), and `picture_turns`
+        (B, most pictures), the turn that showed each (-1: padding). Two turns answered the same state (the same
+        `state_ids`) when their state texts and their pictures are the same (`state_key`)."""
         batch_size, width = len(trajectories), max(len(t.input_ids) for t in trajectories)
         window = self.config.max_context_window
         input_ids = torch.full((batch_size, width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -354,7 +364,8 @@ class ContextManager:
             rollout_log_probs[i, :n] = torch.tensor(t.rollout_log_probs, dtype=torch.float32)
             turn_ids[i, :n] = torch.tensor(t.turn_ids)
             kinds[i, :n] = torch.tensor(t.reply_kinds)
-            turn_states = torch.tensor([state_index.setdefault(obs, len(state_index)) for obs in t.turn_states])
+            turn_states = torch.tensor([state_index.setdefault(state_key(obs, t, turn), len(state_index))
+                                        for turn, obs in enumerate(t.turn_states)])
             state_ids[i, :n] = turn_states[torch.tensor(t.turn_ids).clamp(max=len(turn_states) - 1)]
             if self.config.use_turn_scores:
                 token_rewards[i, t.turn_ends] = torch.tensor(t.turn_rewards, dtype=torch.float32)
@@ -367,6 +378,8 @@ class ContextManager:
             tensors["hidden_from"] = hidden_from
         if any(t.images for t in trajectories):  # every picture of each row, in the order of its image tokens
             tensors |= pixel_inputs(self.processor, [t.images for t in trajectories])
+            tensors["picture_turns"] = torch.nn.utils.rnn.pad_sequence(
+                [torch.tensor(t.image_turns, dtype=torch.long) for t in trajectories], batch_first=True, padding_value=-1)
         return DataProto(batch=tensors, non_tensor_batch={"group_ids": np.array(group_ids), "tags": tags})
 
     # ---- text ----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ragen.config import AgentProxyConfig, RewardNormalizationConfig
-from ragen.context_manager import ContextManager, Trajectory, parse_reply, reply_kinds, window_layout
+from ragen.context_manager import ContextManager, Trajectory, parse_reply, reply_kinds, state_key, window_layout
 from verl.trainer.config import REPLY_KINDS
 
 
@@ -120,6 +120,18 @@ def test_to_batch_places_summed_reward_on_last_generated_token(tokenizer):
     assert batch.batch["turn_ids"][1].tolist() == [0, 0, -1, -1]
     assert batch.batch["state_ids"].tolist() == [[0, 0, 1, 1], [0, 0, -1, -1]]  # "s1" is one state in both
     assert batch.batch["trajectory_rewards"].tolist() == pytest.approx([0.9, 0.5])
+
+
+def test_a_state_shown_as_a_picture_is_known_by_its_pixels():
+    """GiGPO's anchor states (`state_ids`): a picture-only state's text is `<image>` on every board, so two
+    turns answered the same state only when their pictures are the same too."""
+    board = np.zeros((4, 4, 3), dtype=np.uint8)
+    other = board.copy()
+    other[1, 2] = 255
+    t = Trajectory(turn_states=["<image>"] * 3, images=[board, other, board.copy()], image_turns=[0, 1, 2])
+    keys = [state_key(text, t, turn) for turn, text in enumerate(t.turn_states)]
+    assert keys[0] == keys[2] != keys[1]
+    assert state_key("grid", Trajectory(turn_states=["grid"]), 0) == ("grid",)  # text states: the text
 
 
 @pytest.mark.parametrize("window, positions, hidden_from", [

@@ -117,8 +117,13 @@ def test_the_hf_engine_generates_from_image_tokens_and_pictures_as_the_model_doe
 
 
 def picture_batch(vlm_path: str) -> dict[str, torch.Tensor]:
+    return picture_rollout(vlm_path).batch
+
+
+def picture_rollout(vlm_path: str):
     """Two 2-turn Sokoban trajectories on pictures alone, sampled by the hf engine with a context window of one
-    turn, as the training batch holds them (ContextManager.to_batch: ids, window mask, every picture of a row)."""
+    turn, as the training batch holds them (ContextManager.to_batch: ids, window mask, every picture of a row),
+    one start state (group) each."""
     from ragen.config import AgentProxyConfig
     from ragen.context_manager import ContextManager
     from verl.utils.model import load_processor
@@ -144,12 +149,36 @@ def picture_batch(vlm_path: str) -> dict[str, torch.Tensor]:
             obs, _, _, _, info = env.step("Up")
             if turn == 0:
                 assert cm.add_observation(trajectory, obs, 0.0, 2, response_length=6, images=tuple(info["images"]))
-    batch = cm.to_batch(trajectories, [0, 1], ["S", "S"]).batch
+    data = cm.to_batch(trajectories, [0, 1], ["S", "S"])
+    batch = data.batch
     if "image_grid_thw" in batch:  # each row: the pictures of its two turns
         assert batch["image_grid_thw"].shape[:2] == (2, 2)
     else:
         assert batch["pixel_values"].shape[:2] == (2, 2)
-    return batch
+    assert batch["picture_turns"].tolist() == [[0, 1], [0, 1]]
+    return data
+
+
+def test_the_collapse_check_tells_picture_prompts_apart_and_scores_each_reply_with_its_prompts_pictures(any_vlm):
+    """Two start states shown as pictures alone: their first prompts are the same tokens, so only the pictures tell
+    them apart. Both count as inputs, and every cross-scoring row carries its prompt's pictures: a first reply
+    scored under its own prompt gets the log-prob the engine gave it, and under the other board another one."""
+    from verl.trainer.collapse import cross_scoring_pairs, score_matrix
+    from verl.workers.actor import token_log_probs
+
+    data = picture_rollout(any_vlm)
+    batch = data.batch
+    first = batch["loss_mask"].bool() & (batch["turn_ids"] == 0)
+    prompts = [batch["input_ids"][b, :int(first[b].nonzero()[0])] for b in (0, 1)]
+    assert torch.equal(*prompts) and (batch["state_ids"][0] != batch["state_ids"][1]).all()
+    pairs, own_input = cross_scoring_pairs(data, inputs=2, replies=1)
+    assert own_input.tolist() == [0, 1] and len(pairs) == 4
+    vlm = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32)
+    log_probs = token_log_probs(vlm, pairs.batch, with_entropy=False, temperature=1.0)[0]
+    scores = score_matrix(log_probs, pairs.batch["loss_mask"], num_replies=2)  # (inputs, replies)
+    sampled = (batch["rollout_log_probs"] * first).sum(-1)  # each first reply, as the engine scored it
+    torch.testing.assert_close(scores.diagonal(), sampled, atol=1e-3, rtol=0)
+    assert (scores - scores.diagonal()).abs().max() > 1e-4  # the other board's pictures score it otherwise
 
 
 def test_the_trainer_scores_a_picture_trajectory_as_the_engine_sampled_it(any_vlm):

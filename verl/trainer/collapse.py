@@ -10,9 +10,11 @@ batch's distinct inputs, by cross-scoring: every sampled reply z_j is scored tea
 which is at most log M: the reply names its input (no other input makes it likely), against 0: every input makes
 it equally likely. Retrieval accuracy, how often argmax_i L[i, j] is a(j), falls to the chance 1 / M likewise.
 
-Here an input is a group's first prompt (its trajectories share one start state) and a reply is the first turn's
-generated tokens: later turns' prompts hold the replies before them, which would leak the input. A batch with
-fewer than 2 distinct first prompts (e.g. one start state for all) has nothing to tell apart: no metric.
+Here an input is a group's first prompt (its trajectories share one start state): its tokens and, for a
+vision-language policy, its pictures, with which every reply is scored under it (a picture-only state's tokens are
+the same for every board). A reply is the first turn's generated tokens: later turns' prompts hold the replies
+before them, which would leak the input. A batch with fewer than 2 distinct first prompts (e.g. one start state
+for all) has nothing to tell apart: no metric.
 """
 
 import math
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.vlm import PIXEL_KEYS, row_pictures, stack_pictures
 
 
 def cross_scoring_pairs(batch: DataProto, inputs: int, replies: int) -> tuple[DataProto, np.ndarray] | None:
@@ -28,8 +31,9 @@ def cross_scoring_pairs(batch: DataProto, inputs: int, replies: int) -> tuple[Da
     `loss_mask` 1 on the reply's tokens; and a(j), the input index of each reply (N,).
 
     Picks, in batch order, up to `inputs` groups whose first prompts (the tokens before the first generated
-    one) differ, and up to `replies` trajectories of each. None when fewer than 2 distinct prompts exist."""
-    prompts, first_replies, own_input = first_prompts_and_replies(batch, inputs, replies)
+    one, and their pictures) differ, and up to `replies` trajectories of each. None when fewer than 2 distinct
+    prompts exist. With pictures each row gets its prompt's (`verl.utils.vlm.row_pictures`)."""
+    prompts, pictures, first_replies, own_input = first_prompts_and_replies(batch, inputs, replies)
     if len(prompts) < 2:
         return None
     pairs = [(prompt, reply) for prompt in prompts for reply in first_replies]
@@ -42,33 +46,41 @@ def cross_scoring_pairs(batch: DataProto, inputs: int, replies: int) -> tuple[Da
         attention_mask[row, :n] = 1
         loss_mask[row, len(prompt):n] = 1
     position_ids = torch.arange(width) * attention_mask  # (M * N, T): 0, 1, ... on the tokens, 0 on padding
-    rows = DataProto(batch={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                            "loss_mask": loss_mask})
-    return rows, np.array(own_input)
+    tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+               "loss_mask": loss_mask}
+    if pictures[0]:
+        tensors |= stack_pictures([shown for shown in pictures for _ in first_replies])
+    return DataProto(batch=tensors), np.array(own_input)
 
 
-def first_prompts_and_replies(batch: DataProto, inputs: int,
-                              replies: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-    """Up to `inputs` distinct first prompts (M, each (P_i,)), up to `replies` first replies of each (N, each
-    (R_j,)) and each reply's prompt index a(j) (N,). A trajectory without generated tokens is skipped."""
+def first_prompts_and_replies(batch: DataProto, inputs: int, replies: int) -> tuple[
+        list[torch.Tensor], list[dict[str, torch.Tensor]], list[torch.Tensor], list[int]]:
+    """Up to `inputs` distinct first prompts (M, each (P_i,)) with their pictures' pixel inputs (M, {} without
+    pictures), up to `replies` first replies of each (N, each (R_j,)) and each reply's prompt index a(j) (N,).
+    A trajectory without generated tokens is skipped."""
     input_ids, loss_mask, turn_ids = batch.batch["input_ids"], batch.batch["loss_mask"].bool(), batch.batch["turn_ids"]
     group_ids = batch.non_tensor_batch["group_ids"]
-    prompts, first_replies, own_input = [], [], []
+    pixels = {key: batch.batch[key] for key in PIXEL_KEYS if key in batch.batch}
+    prompts, pictures, first_replies, own_input = [], [], [], []
     for group in dict.fromkeys(group_ids.tolist()):  # groups in batch order
         rows = [b for b in np.flatnonzero(group_ids == group) if loss_mask[b].any()]
         if not rows:
             continue
-        prompt = input_ids[rows[0], :int(loss_mask[rows[0]].nonzero()[0])]  # the group's start state
-        if any(torch.equal(prompt, seen) for seen in prompts):
+        first = rows[0]
+        prompt = input_ids[first, :int(loss_mask[first].nonzero()[0])]  # the group's start state
+        shown = row_pictures(pixels, first, int((batch.batch["picture_turns"][first] == 0).sum())) if pixels else {}
+        if any(torch.equal(prompt, seen) and all(torch.equal(shown[k], other[k]) for k in shown)
+               for seen, other in zip(prompts, pictures)):
             continue
         prompts.append(prompt)
+        pictures.append(shown)
         for b in rows[:replies]:
             first_turn = turn_ids[b, loss_mask[b].nonzero()[0]]
             first_replies.append(input_ids[b][loss_mask[b] & (turn_ids[b] == first_turn)])
             own_input.append(len(prompts) - 1)
         if len(prompts) == inputs:
             break
-    return prompts, first_replies, own_input
+    return prompts, pictures, first_replies, own_input
 
 
 def repeat_to_multiple(data: DataProto, multiple: int) -> DataProto:

@@ -117,6 +117,21 @@ def pixel_inputs(processor, pictures: list[list[np.ndarray]]) -> dict[str, torch
 PIXEL_KEYS = ("pixel_values", "pixel_attention_mask", "image_grid_thw")  # what `pixel_inputs` puts in a batch
 
 
+def row_pictures(pixels: dict[str, torch.Tensor], row: int, count: int) -> dict[str, torch.Tensor]:
+    """The pixel inputs of the first `count` pictures of one row of a batch's (`pixel_inputs`), without the row
+    dimension: what a prompt holding only those pictures takes."""
+    if "image_grid_thw" not in pixels:  # a picture per entry
+        return {key: value[row, :count] for key, value in pixels.items()}
+    grids = pixels["image_grid_thw"][row, :count]
+    return {"pixel_values": pixels["pixel_values"][row, :int(grids.prod(dim=-1).sum())], "image_grid_thw": grids}
+
+
+def stack_pictures(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """`row_pictures` of several prompts as a batch holds them, each key zero-padded to its longest row (blank
+    pictures and zero grids, which the model skips, as `pixel_inputs` pads)."""
+    return {key: torch.nn.utils.rnn.pad_sequence([row[key] for row in rows], batch_first=True) for key in rows[0]}
+
+
 def uses_mrope(config) -> bool:
     """Whether the model places picture tokens on a grid of positions (M-RoPE: the Qwen2-VL family)."""
     return getattr(config, "vision_start_token_id", None) is not None
