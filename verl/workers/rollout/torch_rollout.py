@@ -195,18 +195,11 @@ class TorchRollout(HFRollout):
 
     def _picture_embeddings(self, input_ids: torch.Tensor, images: list[list]) -> torch.Tensor:
         """(B, C, H) input embeddings of left-padded prompts, each image token's replaced by the vision side's
-        feature for it, the pictures' features in the order of the image tokens (as the model's forward does)."""
-        pixels = self._pixel_inputs(images, input_ids)
-        out = self.model.get_image_features(**pixels)
-        features = out.pooler_output if hasattr(out, "pooler_output") else out
-        features = torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
-        embeddings = self.decoder.embed_tokens(input_ids.to(self.device))
-        slots = input_ids.to(self.device) == self.model.config.image_token_id
-        if int(slots.sum()) != features.numel() // embeddings.shape[-1]:
-            raise ValueError(f"the prompts hold {int(slots.sum())} image tokens for "
-                             f"{features.numel() // embeddings.shape[-1]} picture features")
-        embeddings[slots] = features.reshape(-1, embeddings.shape[-1]).to(embeddings.dtype)
-        return embeddings
+        feature for it: the model's own vision features and merge (Idefics3's `inputs_merger`, which checks that
+        tokens and features match)."""
+        input_ids, vlm = input_ids.to(self.device), self.model.model
+        features = vlm.get_image_features(**self._pixel_inputs(images, input_ids), return_dict=True).pooler_output
+        return vlm.inputs_merger(input_ids, self.decoder.embed_tokens(input_ids), torch.cat(features))  # one a row
 
     def _forward(self, input_ids, position_ids, attention_mask, slots: SlotCache, start: int,
                  embeddings: torch.Tensor | None = None) -> torch.Tensor:
