@@ -173,16 +173,15 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the fix."""
 
 
-def validate(cfg: RagenConfig, world_size: int, training: bool = True) -> None:
-    """Reject impossible values at start-up, before any model or worker is created (`training=False`: for a
-    validation rollout alone, `python -m ragen.eval`, which never plays the training environments)."""
+def validate(cfg: RagenConfig, world_size: int) -> None:
+    """Reject impossible values at start-up, before any model or worker is created."""
     _validate_run(cfg, world_size)
     _validate_seeds(cfg)
     _validate_rollout(cfg)
     _validate_optimization(cfg)
     _validate_algorithm(cfg)
     _validate_batch_sizes(cfg, world_size)
-    _validate_envs(cfg, training)
+    _validate_envs(cfg)
     _validate_curriculum(cfg)
     _validate_env_failures(cfg)
     _validate_watchdog(cfg)
@@ -456,7 +455,7 @@ def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
                    "(actor_rollout_ref.rollout.rollout_filter_value=1 turns the filter off)")
 
 
-def _validate_envs(cfg: RagenConfig, training: bool) -> None:
+def _validate_envs(cfg: RagenConfig) -> None:
     """Each mix must name defined envs and add up to its env_groups."""
     for split, groups in (("train", cfg.es_manager.train), ("val", cfg.es_manager.val)):
         mix, key = groups.env_configs, f"es_manager.{split}"
@@ -481,15 +480,6 @@ def _validate_envs(cfg: RagenConfig, training: bool) -> None:
             check_env_config(env.env_type, dict(env.env_config))
         except ValueError as e:
             raise ConfigError(f"custom_envs.{tag}.env_config: {e}") from e
-    def shows_pictures(tag: str) -> bool:
-        return cfg.custom_envs[tag].env_config.get("image_observation", "none") != "none"
-
-    trained = cfg.es_manager.train.env_configs.tags if training else []
-    for tag in filter(shows_pictures, [*trained, *cfg.es_manager.val.env_configs.tags]):
-        key = f"custom_envs.{tag}.env_config.image_observation"
-        _check(cfg.actor_rollout_ref.rollout.name in ("torch", "hf"), f"{key}: pictures need the torch or hf "
-               f"rollout engine (actor_rollout_ref.rollout.name=torch or hf, not "
-               f"{cfg.actor_rollout_ref.rollout.name!r}; the Qwen2-VL family: hf)")
 
 
 def _validate_server(key: str, server: EnvServerConfig) -> None:

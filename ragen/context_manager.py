@@ -28,7 +28,7 @@ stands; for a vision-language model (its `processor`; verl/utils/vlm.image_promp
 becomes exactly the image tokens the processor writes for that picture, and the trajectory keeps the pictures
 with the turn that showed them, so `prompt_images` gives the pictures of `prompt_ids`, in order, for the
 engine's pixel input (a test feeds both to the model). A text model, or a placeholder without its picture, is
-an error. The rollout loop hands the pictures to the engine (the hf engine takes them), and `to_batch` gives
+an error. The rollout loop hands the pictures to the engine (torch, hf or vLLM), and `to_batch` gives
 the trainer every picture of each row as the processor's pixel inputs.
 
 Each generated token also gets its kind of text (`reply_kinds`: think, observation, prediction, answer or

@@ -27,7 +27,7 @@ COLUMNS = ["success", "pass@1", "reward", "num_turns", "num_actions", "valid_act
 
 
 def evaluate(cfg: RagenConfig, output_dir: Path) -> dict[str, float]:
-    validate(cfg, world_size=1, training=False)
+    validate(cfg, world_size=1)
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     if not cfg.trainer.verbose:

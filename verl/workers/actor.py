@@ -65,7 +65,7 @@ class ActorRolloutRefWorker(Worker):
         if sampling.seed is not None:  # ranks must not draw the same samples for the same prompt
             sampling = replace(sampling, seed=sampling.seed + 7919 * self.rank)
         prompt_ids = list(prompts.non_tensor_batch["prompt_ids"])
-        if "prompt_images" in prompts.non_tensor_batch:  # each prompt's pictures (the config allows torch or hf then)
+        if "prompt_images" in prompts.non_tensor_batch:  # each prompt's pictures (image envs; every engine takes them)
             images = list(prompts.non_tensor_batch["prompt_images"])
             generation = self.rollout.generate(prompt_ids, sampling, images=images)
         else:

@@ -222,3 +222,32 @@ def test_weight_fingerprint_of_a_bf16_engine_matches_the_fp32_weights_it_was_giv
     bundled_engine.sync_weights(moved)
     check(moved)
     bundled_engine.sync_weights(master)  # the other tests share this engine
+
+
+def test_pictures_reach_the_model_as_its_multi_modal_input(tiny_path, tokenizer, tmp_path):
+    """A vision-language model made here (Idefics3-style): prompts that hold their pictures' image tokens, as the
+    context manager writes them, with the pictures as vLLM's multi-modal input. Greedy replies and their log-probs
+    equal the hf engine's, each under its own picture (the two prompts are the same tokens); a prompt without
+    its picture's tokens is refused."""
+    from ragen.envs import make_env
+    from verl.utils.model import load_processor
+    from verl.utils.vlm import build_vlm, image_prompt_text
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    vlm = str(build_vlm(tiny_path, tmp_path / "vlm", vision_width=32, vision_layers=1, vision_heads=2))
+    processor = load_processor(vlm)
+    pictures = [make_env("sokoban", {"image_observation": "alone"}).reset(seed=s)[1]["images"][0] for s in (0, 1)]
+    prompt = processor.tokenizer.encode(image_prompt_text(processor, pictures[0]) + "Where is the player?",
+                                        add_special_tokens=False)  # the same tokens for both pictures
+    images = [[picture] for picture in pictures]
+    greedy = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    engine = VLLMRollout(vlm, processor.tokenizer, "float32", torch.device("cpu"), enable_prefix_caching=False)
+    out = engine.generate([prompt, prompt], greedy, images=images)
+    reference = HFRollout(vlm, processor.tokenizer, "float32", torch.device("cpu")).generate(
+        [prompt, prompt], greedy, images=images)
+    assert out.token_ids == reference.token_ids
+    ours, theirs = torch.tensor(out.log_probs), torch.tensor(reference.log_probs)  # (2 pictures, 6 tokens)
+    # each reply scored with its own picture, not the other one (a random model: the pictures move it a little)
+    assert (ours - theirs).abs().max() < 1e-4 < (ours - theirs.flip(0)).abs().max()
+    with pytest.raises(ValueError, match="not the image tokens of each"):
+        engine.generate([prompt[:5]], greedy, images=images[:1])

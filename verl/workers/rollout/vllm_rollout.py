@@ -11,6 +11,10 @@ layers (qkv_proj, gate_up_proj), casts to the engine dtype and redoes each layer
 on CPU that processing prepacks the GEMM weights, so writing into the parameters alone would leave the
 old weights in use. The prefix cache holds K/V computed by the old weights, so it is reset too.
 
+Pictures (a vision-language model, image envs) go in as vLLM's multi-modal input; given token ids, vLLM writes
+each picture's image tokens itself from the processor's one placeholder, so the prompt's blocks of image tokens
+are put back to that placeholder first (`with_placeholders`), and vLLM expands them to the same ids.
+
 Each sampled token's log-prob is vLLM's own (`logprobs=0`: the sampled token only) in `processed_logprobs`
 mode: log_softmax(logits / temperature), where the default `raw_logprobs` would leave the temperature out
 (greedy requests get log_softmax(logits), temperature 1, in both). Unlike the other engines, vLLM computes
@@ -26,7 +30,7 @@ import numpy as np
 import torch
 
 from verl.utils.fingerprint import COLUMN_STRIDE, Fingerprint, fingerprints, sampled_columns
-from verl.utils.model import DTYPES, eos_token_ids
+from verl.utils.model import DTYPES, eos_token_ids, load_processor
 from verl.workers.rollout.base import Generation, SamplingParams
 
 CPU_KV_CACHE_BYTES = 2 * 1024**3  # ~93k tokens of SmolLM2-135M K/V in bf16
@@ -63,6 +67,7 @@ class VLLMRollout:
             kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
         self.dtype = DTYPES[dtype]
         self.eos_ids = eos_token_ids(model_path, tokenizer)
+        self.processor = load_processor(model_path)  # a vision-language model's (pictures); None for text
         # building an LLM seeds the process-wide RNGs (the engine runs in this process): keep the trainer's
         python_rng, numpy_rng = random.getstate(), np.random.get_state()
         with torch.random.fork_rng():
@@ -90,7 +95,13 @@ class VLLMRollout:
     def clear_cache(self) -> None:
         self.llm.reset_prefix_cache()  # vLLM's K/V memory stays allocated; the cached blocks are released
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Generation:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams,
+                 images: list[list] | None = None) -> Generation:
+        """`images`: each prompt's pictures ((H, W, 3) uint8 arrays) in the order of its image tokens, which the
+        prompt holds as the processor writes them. vLLM takes them as its multi-modal input and writes those
+        tokens itself, from one placeholder a picture (`with_placeholders`); the reply and its log-probs follow
+        the same tokens."""
+        from PIL import Image
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -112,7 +123,12 @@ class VLLMRollout:
         # Prompt i gets seed + i: with one seed, identical prompts (a GRPO group) would draw identical samples.
         # Unseeded requests draw from the process's torch RNG.
         seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompt_ids))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        for prompt, pictures in zip(prompts, images or []):
+            if len(pictures):
+                prompt["prompt_token_ids"] = self.with_placeholders(prompt["prompt_token_ids"], pictures)
+                prompt["multi_modal_data"] = {"image": [Image.fromarray(picture) for picture in pictures]}
+        outputs = self.llm.generate(prompts,
                                     [VLLMSamplingParams(seed=seed, **options) for seed in seeds], use_tqdm=False)
         self.last_prompt_tokens = sum(map(len, prompt_ids))
         self.last_reused_tokens = sum(output.num_cached_tokens or 0 for output in outputs)
@@ -121,6 +137,25 @@ class VLLMRollout:
         return Generation(token_ids=[list(r.token_ids) for r in responses],
                           log_probs=[[position[token].logprob for token, position in zip(r.token_ids, r.logprobs)]
                                      for r in responses])
+
+    def with_placeholders(self, ids: list[int], pictures: list) -> list[int]:
+        """`ids` with each picture's image tokens (what the processor writes for it: `image_prompt_text`) put
+        back to the processor's one placeholder (`processor.image_token`), which vLLM's multi-modal processor
+        expands again: given tokens, it inserts a picture's tokens rather than finding them in place."""
+        from verl.utils.vlm import image_prompt_text
+
+        if self.processor is None:
+            raise ValueError("prompts with pictures need a vision-language model; this engine's has no processor")
+        encode = functools.partial(self.processor.tokenizer.encode, add_special_tokens=False)
+        placeholder, out, start = encode(self.processor.image_token), list(ids), 0
+        for picture in pictures:
+            block = encode(image_prompt_text(self.processor, picture))
+            at = next((i for i in range(start, len(out) - len(block) + 1) if out[i:i + len(block)] == block), None)
+            if at is None:
+                raise ValueError(f"a prompt holds {len(pictures)} picture(s) but not the image tokens of each, in order")
+            out[at:at + len(block)] = placeholder
+            start = at + len(placeholder)
+        return out
 
     def weight_fingerprint(self) -> dict[str, Fingerprint]:
         """Fingerprints of the weights the live model computes with (`verl/utils/fingerprint.py`), under the
