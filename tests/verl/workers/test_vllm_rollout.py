@@ -228,7 +228,7 @@ def test_pictures_reach_the_model_as_its_multi_modal_input(tiny_path, tokenizer,
     """A vision-language model made here (Idefics3-style): prompts that hold their pictures' image tokens, as the
     context manager writes them, with the pictures as vLLM's multi-modal input. Greedy replies and their log-probs
     equal the hf engine's, each under its own picture (the two prompts are the same tokens); a prompt without
-    its picture's tokens is refused."""
+    its picture's tokens is refused; the weight sync and its fingerprint cover the whole model."""
     from ragen.envs import make_env
     from verl.utils.model import load_processor
     from verl.utils.vlm import build_vlm, image_prompt_text
@@ -251,3 +251,14 @@ def test_pictures_reach_the_model_as_its_multi_modal_input(tiny_path, tokenizer,
     assert (ours - theirs).abs().max() < 1e-4 < (ours - theirs.flip(0)).abs().max()
     with pytest.raises(ValueError, match="not the image tokens of each"):
         engine.generate([prompt[:5]], greedy, images=images[:1])
+
+    # the weight sync and its fingerprint reach the vision tower and the connector too (fused or replicated layers)
+    state = load_causal_lm(vlm, "float32").state_dict()
+    live = engine.weight_fingerprint()
+    assert set(live) == set(state) and any("vision_model" in name for name in live)
+    check_weight_sync(weight_fingerprints(state, torch.float32), live, "vllm")
+    moved = {name: tensor * 1.01 for name, tensor in state.items()}
+    engine.sync_weights(moved)
+    check_weight_sync(weight_fingerprints(moved, torch.float32), engine.weight_fingerprint(), "vllm")
+    with pytest.raises(WeightSyncError):
+        check_weight_sync(weight_fingerprints(state, torch.float32), engine.weight_fingerprint(), "vllm")

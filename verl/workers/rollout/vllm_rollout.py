@@ -195,7 +195,8 @@ def gemm_columns(layer: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
     """`sampled_columns` of the weight (N, K) that a CPU layer's GEMM multiplies with, read through that GEMM:
     row i of the probe is one-hot at column i * COLUMN_STRIDE, so output (i, n) is 1 * W[n, i * COLUMN_STRIDE]
     exactly (one product, by one, plus zeros), whatever layout the GEMM keeps W in."""
-    probe = column_probe(layer.input_size_per_partition, weight.dtype, weight.device)
+    width = getattr(layer, "input_size_per_partition", layer.input_size)  # a replicated layer: its whole input
+    probe = column_probe(width, weight.dtype, weight.device)
     return layer.cpu_linear(probe, weight, None).T  # (N, K / COLUMN_STRIDE)
 
 
