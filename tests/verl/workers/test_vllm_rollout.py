@@ -243,8 +243,8 @@ def test_pictures_reach_the_model_as_its_multi_modal_input(tiny_path, tokenizer,
     greedy = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
     engine = VLLMRollout(vlm, processor.tokenizer, "float32", torch.device("cpu"), enable_prefix_caching=False)
     out = engine.generate([prompt, prompt], greedy, images=images)
-    reference = HFRollout(vlm, processor.tokenizer, "float32", torch.device("cpu")).generate(
-        [prompt, prompt], greedy, images=images)
+    hf = HFRollout(vlm, processor.tokenizer, "float32", torch.device("cpu"))
+    reference = hf.generate([prompt, prompt], greedy, images=images)
     assert out.token_ids == reference.token_ids
     ours, theirs = torch.tensor(out.log_probs), torch.tensor(reference.log_probs)  # (2 pictures, 6 tokens)
     # each reply scored with its own picture, not the other one (a random model: the pictures move it a little)
@@ -262,3 +262,8 @@ def test_pictures_reach_the_model_as_its_multi_modal_input(tiny_path, tokenizer,
     check_weight_sync(weight_fingerprints(moved, torch.float32), engine.weight_fingerprint(), "vllm")
     with pytest.raises(WeightSyncError):
         check_weight_sync(weight_fingerprints(state, torch.float32), engine.weight_fingerprint(), "vllm")
+    # the same pictures again: their vision features are computed anew by the new weights, not taken from a cache
+    hf.sync_weights(moved)
+    after, expected = (e.generate([prompt, prompt], greedy, images=images) for e in (engine, hf))
+    assert after.token_ids == expected.token_ids
+    torch.testing.assert_close(torch.tensor(after.log_probs), torch.tensor(expected.log_probs), atol=1e-4, rtol=0)

@@ -94,6 +94,8 @@ class VLLMRollout:
 
     def clear_cache(self) -> None:
         self.llm.reset_prefix_cache()  # vLLM's K/V memory stays allocated; the cached blocks are released
+        if self.processor is not None:  # and the pictures' vision features, computed by the old weights too
+            self.llm.llm_engine.reset_encoder_cache()
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams,
                  images: list[list] | None = None) -> Generation:
