@@ -2,9 +2,11 @@
 #   END=540 bash scripts/device/dart_and_visual.sh        (timeout_s 595; carry [".gguf/part2", ".gguf/commit.txt"])
 # At once, on the bundled SmolLM2-135M-Instruct, training seed 1:
 #  (a) issue 31's loop lever: Sokoban's default warm start with DART noise (sft/warm_start.sh sokoban --noise=0.2:
-#      the expert data also holds states off the expert's path), then greedy on the 64 levels from 97,000,000 and
-#      98,000,000 that the plain default's seed 1 solved 87.5 % and 92.2 % of (public/boards_not_trained_on_h100),
-#      and on its grid alone and other symbols;
+#      the expert data also holds states off the expert's path) and a context window of 2 turns (DART_WINDOW): every
+#      greedy failure so far is a loop, mostly a move that changes nothing repeated, and with the current state alone
+#      the prompt after such a move is the one before it, so only a window that shows the failed move lets the data
+#      teach what follows it. Then greedy on the 64 levels from 97,000,000 and 98,000,000 that the plain default's
+#      seed 1 solved 87.5 % and 92.2 % of (public/boards_not_trained_on_h100), and on its grid alone and other symbols;
 #  (b) issue 35's visual agent: sft/vision_align.sh's stage 1 (cells), then the same warm start on pictures alone
 #      (VIS_LEVELS expert levels, default 4,000: the picture data is slower to make), then greedy on the same levels.
 # Everything written goes to one archive, $OUT/result.tgz (a call returns a few files only); a watchdog stops the
@@ -30,10 +32,11 @@ evals() {  # $1: model, $2: out dir name, $3: overrides for all; stdin: lines "n
   wait
 }
 dart() {
-  bash sft/warm_start.sh sokoban $R/dart1 --noise=${NOISE:-0.2} trainer.seed=1 trainer.micro_batch_size_per_gpu=32 \
-    ${DART_SFT:-} > $O/dart/warm1.log 2>&1
+  local window=agent_proxy.max_context_window=${DART_WINDOW:-2}  # the data's prompts, and the evaluations'
+  bash sft/warm_start.sh sokoban $R/dart1 --noise=${NOISE:-0.2} $window trainer.seed=1 \
+    trainer.micro_batch_size_per_gpu=32 ${DART_SFT:-} > $O/dart/warm1.log 2>&1
   cp $R/dart1/metrics.jsonl $O/dart/warm1_metrics.jsonl; echo "DART warm start done at $((SECONDS - T0)) s: $(tail -1 $O/dart/warm1.log)"
-  evals $R/dart1 dart "" <<LIST
+  evals $R/dart1 dart "$window" <<LIST
 coord_97M 97000000
 coord_98M 98000000
 grid_97M 97000000 $C.env_config.observation_format=grid
