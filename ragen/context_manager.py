@@ -220,7 +220,6 @@ class ContextManager:
         self.tokenizer, self.config = tokenizer, config
         # a vision-language model's processor, which writes each picture's image tokens; None: text only
         self.processor = processor
-        self._image_texts: dict[tuple[int, ...], str] = {}  # per picture shape: the processor's text for it
         self.instructions, self.example_actions = instructions, example_actions  # per env tag
         self.action_choices = action_choices or {}  # per env tag, where the env lists its moves every turn
         self.eos_ids, self.max_model_len = eos_ids, max_model_len
@@ -444,12 +443,7 @@ class ContextManager:
                 raise ValueError("a state shows pictures, and this model reads text only: use a vision-language "
                                  "model, or the env's image_observation=none")
             pieces = text.split(IMAGE_PLACEHOLDER)
-            text = pieces[0] + "".join(self._image_text(picture) + piece
+            text = pieces[0] + "".join(image_prompt_text(self.processor, picture) + piece
                                        for picture, piece in zip(images, pieces[1:], strict=True))
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _image_text(self, picture: np.ndarray) -> str:
-        """The processor's text for one picture (its image tokens), which depends only on the picture's size."""
-        if picture.shape not in self._image_texts:
-            self._image_texts[picture.shape] = image_prompt_text(self.processor, picture)
-        return self._image_texts[picture.shape]

@@ -26,6 +26,7 @@ prompt), `model_pixel_inputs` (the model's arguments for them), `mrope_position_
 """
 
 import argparse
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +87,14 @@ def build_vlm(language_model: str, output: str | Path, image_size: int = 96, pat
 
 def image_prompt_text(processor, picture: np.ndarray) -> str:
     """What `processor` writes in a prompt for one `picture` (the tokens its model fills with the picture's
-    embeddings, and those around them), as text that the tokenizer encodes back to exactly those ids."""
-    ids = processor(text=[processor.image_token], images=[[Image.fromarray(picture)]],
+    embeddings, and those around them), as text that the tokenizer encodes back to exactly those ids. It depends
+    on the picture's size alone, so it is worked out once per processor and size."""
+    return _image_prompt_text(processor, picture.shape)
+
+
+@functools.cache
+def _image_prompt_text(processor, shape: tuple[int, ...]) -> str:
+    ids = processor(text=[processor.image_token], images=[[Image.fromarray(np.zeros(shape, dtype=np.uint8))]],
                     add_special_tokens=False)["input_ids"][0]
     ids = list(map(int, ids))
     text = processor.tokenizer.decode(ids)

@@ -152,7 +152,7 @@ class VLLMRollout:
         placeholder, out, start = encode(self.processor.image_token), list(ids), 0
         for picture in pictures:
             block = encode(image_prompt_text(self.processor, picture))
-            at = next((i for i in range(start, len(out) - len(block) + 1) if out[i:i + len(block)] == block), None)
+            at = find(out, block, start)
             if at is None:
                 raise ValueError(f"a prompt holds {len(pictures)} picture(s) but not the image tokens of each, in order")
             out[at:at + len(block)] = placeholder
@@ -165,6 +165,17 @@ class VLLMRollout:
         GEMM (`layer.cpu_linear`, oneDNN) and leave the parameter empty: those weights are read through the
         GEMM itself (`gemm_columns`), which is also what generation computes with."""
         return self.llm.apply_model(live_weight_fingerprints)[0]
+
+
+def find(ids: list[int], block: list[int], start: int) -> int | None:
+    """The first index >= `start` where `block` stands in `ids`, or None; only where its first id is."""
+    try:
+        at = ids.index(block[0], start)
+        while ids[at:at + len(block)] != block:
+            at = ids.index(block[0], at + 1)
+    except ValueError:
+        return None
+    return at
 
 
 @torch.no_grad()
