@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The per-move expert warm start in one command: expert data with one move per sample, in the recipe's own reply
 # format (sft/generate_data.sh --per-move), then full fine-tuning on it (ragen/sft/trainer.py, lora.rank=0):
-#   bash sft/warm_start.sh <env> [output_dir] [--option=value ...] [key=value ...]
+#   bash sft/warm_start.sh <env> [output_dir] [--option[=value] ...] [key=value ...]
 # <env> is a recipe in config/ with one action per turn (sokoban); output_dir defaults to models/<env>-warm, which
 # `bash train.sh <env> model_path=<output_dir>` continues from with RL. Extra key=value arguments go to the SFT
 # trainer (config/sft.yaml), e.g. trainer.total_training_steps=200, except overrides of the recipe's environments
@@ -9,7 +9,7 @@
 # the board as RL will show it (give RL the same ones), and model_path=, which goes to both (the data is tokenized
 # for that model; with a vision-language model and an image env, e.g.
 # +custom_envs.CoordSokoban.env_config.image_observation=alone, each sample carries its picture); --option=value
-# arguments go to the data generation
+# and --flag arguments go to the data generation
 # (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
 # expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
 # the same data options reuses it, and the same command after an interruption goes on from the last save
@@ -25,13 +25,13 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usag
     exit 0
 fi
 if [ $# -lt 1 ]; then
-    echo "usage: bash sft/warm_start.sh <env> [output_dir] [--option=value ...] [key=value ...]" >&2
+    echo "usage: bash sft/warm_start.sh <env> [output_dir] [--option[=value] ...] [key=value ...]" >&2
     exit 2
 fi
 ENV_NAME=$1
 shift
 OUTPUT=models/${ENV_NAME}-warm
-if [ $# -gt 0 ] && [[ $1 != *=* ]]; then
+if [ $# -gt 0 ] && [[ $1 != *=* && $1 != --* ]]; then
     OUTPUT=$1
     shift
 fi
@@ -41,7 +41,7 @@ RECIPE=()
 TRAINER=()
 for arg in "$@"; do
     case $arg in
-        --*=*) DATA_OPTIONS+=("$arg") ;;
+        --*) DATA_OPTIONS+=("$arg") ;;  # --noise=0.2, --describe-state
         es_manager.*=* | agent_proxy.*=* | custom_envs.*=* | +custom_envs.*=*) RECIPE+=("$arg") ;;
         model_path=*) RECIPE+=("$arg"); TRAINER+=("model.path=${arg#model_path=}") ;;  # the data's tokenizer too
         *) TRAINER+=("$arg") ;;

@@ -193,7 +193,7 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
 
 
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
-    """sft/warm_start.sh: --option=value and the recipe's env/agent keys to ragen.sft.data, other key=value to the
+    """sft/warm_start.sh: --option=value, --flag and the recipe's env/agent keys to ragen.sft.data, other key=value to the
     trainer, the data kept in the output and reused by a call with the same data options, made anew for others."""
     out = tmp_path / "warm"
 
@@ -218,6 +218,9 @@ def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, 
     assert not warm_start("--train-size=4", "custom_envs.CoordSokoban.env_config.observation_format=grid")
     other = pq.read_table(out / "data" / "train.parquet")
     assert other.num_rows < train.num_rows and "Board size" not in other.column("text")[0].as_py()
+    # a flag without a value goes to the data too
+    assert not warm_start("--train-size=4", "--describe-state", "agent_proxy.enable_think=true")
+    assert "The player is at" in pq.read_table(out / "data" / "train.parquet").column("text")[0].as_py()
 
 
 @pytest.mark.parametrize("family", ["idefics3"])  # the Qwen2-VL family passed too (its processor's saving: test_vlm)
