@@ -193,8 +193,8 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
 
 
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
-    """sft/warm_start.sh: --option=value, --flag and the recipe's env/agent keys to ragen.sft.data, other key=value to the
-    trainer, the data kept in the output and reused by a call with the same data options, made anew for others."""
+    """sft/warm_start.sh: --option=value, --flag and the recipe's env/agent keys to ragen.sft.data, other key=value
+    to the trainer, the data kept in the output and reused by a call with the same data options, made anew for others."""
     out = tmp_path / "warm"
 
     def warm_start(*data_options):
@@ -205,22 +205,20 @@ def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, 
         assert done.returncode == 0, done.stderr[-2000:]
         return "reusing the expert data" in done.stdout
 
-    assert not warm_start("--noise=0.3", "--train-size=6")
-    assert warm_start("--noise=0.3", "--train-size=6")  # a second sitting with the same data options
+    options = ("--noise=0.3", "--describe-state", "--train-size=6", "agent_proxy.enable_think=true")  # a bare flag too
+    assert not warm_start(*options)
+    assert warm_start(*options)  # a second sitting with the same data options
     train = pq.read_table(out / "data" / "train.parquet")
     assert json.loads(train.schema.metadata[b"ragen.noise"]) == 0.3
     assert sorted(set(train.column("seed").to_pylist())) <= list(range(6))
     assert (out / "model.safetensors").is_file() and (out / "sft_state.json").is_file()
     assert json.loads((out / "sft_state.json").read_text())["step"] == 1
-    assert "Board size" in train.column("text")[0].as_py()
+    assert "Board size" in train.column("text")[0].as_py() and "The player is at" in train.column("text")[0].as_py()
     # other data options: made anew; the recipe's env and agent keys go to the data, so that the expert plays the
     # board as RL will show it
     assert not warm_start("--train-size=4", "custom_envs.CoordSokoban.env_config.observation_format=grid")
     other = pq.read_table(out / "data" / "train.parquet")
     assert other.num_rows < train.num_rows and "Board size" not in other.column("text")[0].as_py()
-    # a flag without a value goes to the data too
-    assert not warm_start("--train-size=4", "--describe-state", "agent_proxy.enable_think=true")
-    assert "The player is at" in pq.read_table(out / "data" / "train.parquet").column("text")[0].as_py()
 
 
 @pytest.mark.parametrize("family", ["idefics3"])  # the Qwen2-VL family passed too (its processor's saving: test_vlm)
