@@ -46,8 +46,8 @@ def load_rows(path: str, tokenizer, state_only: bool) -> list[dict]:
             start = next(i for i in range(len(ids)) if ids[i:i + len(user)] == user)
             ids, mask = ids[start:], mask[start:]
         move = ANSWER.findall(row["text"])[-1]
-        reply = mask.index(1)
-        move_at = reply + next(k for k, token in enumerate(ids[reply:]) if token == tokenizer.encode(move)[0])
+        move_token, reply = tokenizer.encode(move)[0], mask.index(1)
+        move_at = reply + ids[reply:].index(move_token)
         rows.append(dict(ids=ids, mask=mask, move=move, move_at=move_at, turn=int(TURN.findall(row["text"])[-1])))
     return rows
 

@@ -194,7 +194,8 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
 
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
     """sft/warm_start.sh: --option=value, --flag and the recipe's env/agent keys to ragen.sft.data, other key=value
-    to the trainer, the data kept in the output and reused by a call with the same data options, made anew for others."""
+    to the trainer, the data kept in the output and reused by a call with the same data options, made anew for
+    others."""
     out = tmp_path / "warm"
 
     def warm_start(*data_options):
