@@ -411,16 +411,21 @@ class SokobanEnv(gymnasium.Env):
         return list(ACTIONS)[int(rng.integers(len(ACTIONS)))]
 
     def describe(self) -> str:
-        """Where the player, boxes and targets are, in rows and columns of the text state counted from 1 at the
-        top left (walls included), e.g. "The player is at row 2, column 3, the box at row 3, column 3, the
-        target at row 4, column 3." The expert's thought of `--describe-state` SFT data starts with it."""
-        def cells(grid: np.ndarray) -> str:
-            return " and ".join(f"row {r + 1}, column {c + 1}" for r, c in zip(*np.nonzero(grid)))
+        """Where the player, boxes and targets are, in the observation's own terms. With coordinates in the
+        observation (grid_coord, coord) as zero-indexed (row, col) pairs like its coordinate lines, e.g. "The
+        player is at (1, 2), the box at (2, 2), the target at (3, 2)."; with the grid alone in rows and columns of
+        the text counted from 1 at the top left (walls included), e.g. "The player is at row 2, column 3, the box
+        at row 3, column 3, the target at row 4, column 3." The expert's thought of `--describe-state` SFT data
+        starts with it."""
+        def cells(positions) -> str:  # (row, col) pairs, in row-major order
+            if self.config.observation_format != "grid":
+                return ", ".join(f"({r}, {c})" for r, c in positions)
+            return " and ".join(f"row {r + 1}, column {c + 1}" for r, c in positions)
 
         many = self.boxes.sum() > 1  # a loaded room may hold another number of boxes than the config's
-        return (f"The player is at row {self.player[0] + 1}, column {self.player[1] + 1}, "
-                f"the box{'es' if many else ''} at {cells(self.boxes)}, "
-                f"the target{'s' if many else ''} at {cells(self.targets)}.")
+        return (f"The player is at {cells([self.player])}, "
+                f"the box{'es' if many else ''} at {cells(np.argwhere(self.boxes).tolist())}, "
+                f"the target{'s' if many else ''} at {cells(np.argwhere(self.targets).tolist())}.")
 
     def _move(self, direction: Cell) -> tuple[bool, float]:
         """Step the player, pushing the box ahead if the cell beyond it is free. Returns (moved, box reward)."""

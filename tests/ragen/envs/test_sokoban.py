@@ -1,4 +1,5 @@
 import itertools
+import re
 from collections import Counter, deque
 
 import numpy as np
@@ -433,3 +434,20 @@ def test_describe_names_the_rows_and_columns_of_the_text_state(num_boxes):
         assert "the boxes at row 2, column 3 and row 2, column 4," in env.describe()
     else:
         assert text.endswith(f", the boxes at {boxes}, the targets at {targets}.")
+
+
+@pytest.mark.parametrize("observation_format", ["grid_coord", "coord"])
+def test_describe_uses_the_coordinates_of_an_observation_that_has_them(observation_format):
+    """Zero-indexed (row, col) like the observation's own lines, not the grid's rows counted from 1."""
+    env = SokobanEnv(SokobanConfig(dim_x=7, dim_y=7, num_boxes=2, cell_separator=" ",
+                                   observation_format=observation_format))
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)
+        lines = dict(line.split(": ", 1) for line in obs.split("\n") if ": (" in line)
+        player = lines.get("Player") or lines["Player on target"]
+        boxes = sorted(re.findall(r"\(\d+, \d+\)", lines.get("Boxes", "") + lines.get("Boxes on target", "")))
+        text = env.describe()
+        assert text.startswith(f"The player is at {player}, the boxes at "), (text, obs)
+        described = text.split("the boxes at ")[1].split(", the targets at ")[0]
+        assert sorted(re.findall(r"\(\d+, \d+\)", described)) == boxes and len(boxes) == 2
+        assert "row" not in text and "column" not in text
