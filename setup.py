@@ -22,8 +22,7 @@ setup(
         # The test extra also builds the documentation site (tests/test_docs.py runs `mkdocs build --strict`).
         # openenv-core: tests/ragen/envs/test_openenv.py plays RAGEN envs with OpenEnv's own server and client
         # (its gradio dependency holds pillow below 13).
-        # pytest-xdist: the README's test command runs the suite in two processes (-n 2).
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81", "playwright>=1.50",
+        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81", "playwright>=1.50",
                  "mkdocs>=1.6", "mkdocs-material>=9.5", "openenv-core==0.3.*"],
         # The documentation site: `pip install -e ".[docs]" && mkdocs serve`.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],

@@ -7,18 +7,28 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the tests marked slow (minutes each; outside CI's 30-minute budget)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
     config.addinivalue_line("markers", "faults: kills training runs and resumes them (tests/test_fault_injection.py)")
+    config.addinivalue_line("markers", "slow: minutes of CPU; skipped unless pytest is given --run-slow")
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    skips = {}
     if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA GPU")
-        for item in items:
-            if "gpu" in item.keywords:
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")
+    if not config.getoption("--run-slow"):
+        skips["slow"] = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        for keyword, skip in skips.items():
+            if keyword in item.keywords:
                 item.add_marker(skip)
 
 
