@@ -1,8 +1,8 @@
 """Learning regressions. A short bandit run on the bundled SmolLM2-135M must lift validation success well above
 the untrained model's (RL); a short Sokoban warm start must learn to read the state it is shown (SFT, the last
 test, marked slow: `python -m pytest tests/test_learning.py --run-slow`). Plumbing tests (masks, alignment, sync)
-pass on a policy that does not learn; the bandit test fails when a change stops learning: a flipped advantage sign, a mask off by one, log-probs at the wrong
-temperature, weights that never reach the rollout engine.
+pass on a policy that does not learn; the bandit test fails when a change stops learning: a flipped advantage
+sign, a mask off by one, log-probs at the wrong temperature, weights that never reach the rollout engine.
 
 The bandit here is made so that only learning can move the policy: the risky arm pays 1 with probability 0.9
 (the recipe: 0.25), the safe arm pays 0 and a malformed reply costs nothing (the recipe: 0.1 and -0.1). So
@@ -62,12 +62,12 @@ def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     player's position far more often than the commonest position does. It fails when the state a row shows is not
     the state its reply describes, when the reply mask misses the thought, or when training stops learning. It
     shows reading the state's coordinates, not choosing moves: the move from the board takes a small model
-    hundreds more steps, seed by seed (docs/status.md). Measured with these settings on 2 CPU cores (64 held-out moves,
-    the commonest position 7.8 %): after 200 steps 54.7-56.2 % in 4 runs of 5 (other random weights or sample orders)
-    and 18.8 % in one, which after 300 steps wrote 56.2 %, as did another; ~3 min a run."""
-    from tests.conftest import save_tiny_llama
+    hundreds more steps, seed by seed (docs/status.md). Measured with these settings on 2 CPU cores (64 held-out
+    moves, the commonest position 7.8 %): after 200 steps 54.7-56.2 % in 4 runs of 5 (other random weights or sample
+    orders) and 18.8 % in one, which after 300 steps wrote 56.2 %, as did another; ~3 min a run."""
     from ragen.context_manager import ANSWER_CLOSE, reply_opening, reply_text
     from ragen.sft.world_model import load_engine
+    from tests.conftest import save_tiny_llama
     from verl.trainer.config import RolloutConfig
     from verl.workers.rollout import SamplingParams
 
@@ -76,8 +76,9 @@ def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     out = tmp_path / "warm"
     done = subprocess.run(
         ["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), "--describe-state", "--train-size=1000",
-         "--test-size=30", "agent_proxy.enable_think=true", f"model_path={model}", f"trainer.total_training_steps={SFT_STEPS}",
-         f"trainer.test_freq={SFT_STEPS}", "trainer.train_batch_size=16", "trainer.micro_batch_size_per_gpu=16",
+         "--test-size=30", "agent_proxy.enable_think=true", f"model_path={model}",
+         f"trainer.total_training_steps={SFT_STEPS}", f"trainer.test_freq={SFT_STEPS}", "trainer.train_batch_size=16",
+         "trainer.micro_batch_size_per_gpu=16",
          "optim.lr=1e-3", "optim.lr_warmup_steps=5", "optim.lr_scheduler=constant", "eval.max_turns=0"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -92,7 +93,8 @@ def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     commonest = collections.Counter(player(text) for text in train).most_common(1)[0][0]
     engine = load_engine(str(out), RolloutConfig(name="torch", dtype="bfloat16"), tokenizer)
     prompts = [row["input_ids"][:row["loss_mask"].index(1)] for row in test]
-    replies = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=16, stop=[ANSWER_CLOSE])).token_ids
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16, stop=[ANSWER_CLOSE])  # the position comes first
+    replies = engine.generate(prompts, greedy).token_ids
     written = [player(reply_text(tokenizer, ids, reply_opening(True))) for ids in replies]
     read = sum(w == e for w, e in zip(written, expert)) / len(test)
     guessed = sum(commonest == e for e in expert) / len(test)
