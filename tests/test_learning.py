@@ -1,8 +1,9 @@
 """Learning regressions. A short bandit run on the bundled SmolLM2-135M must lift validation success well above
-the untrained model's (RL); a short Sokoban warm start must learn to read the state it is shown (SFT, the last
-test, marked slow: `python -m pytest tests/test_learning.py --run-slow`). Plumbing tests (masks, alignment, sync)
-pass on a policy that does not learn; the bandit test fails when a change stops learning: a flipped advantage
-sign, a mask off by one, log-probs at the wrong temperature, weights that never reach the rollout engine.
+the untrained model's (RL); a short Sokoban warm start must learn to read the state it is shown (SFT). They take
+minutes each, so conftest.py runs this file first: under `pytest -n 2` the other worker shares out the rest
+meanwhile. Plumbing tests (masks, alignment, sync) pass on a policy that does not learn; the bandit test fails
+when a change stops learning: a flipped advantage sign, a mask off by one, log-probs at the wrong temperature,
+weights that never reach the rollout engine.
 
 The bandit here is made so that only learning can move the policy: the risky arm pays 1 with probability 0.9
 (the recipe: 0.25), the safe arm pays 0 and a malformed reply costs nothing (the recipe: 0.1 and -0.1). So
@@ -54,7 +55,6 @@ def test_a_short_bandit_run_learns_the_better_arm(tmp_path):
     assert rows[-1]["rollout/reward_mean"] > rows[1]["rollout/reward_mean"]
 
 
-@pytest.mark.slow  # ~3 min alone: CI's serial suite has no room for it yet (run with --run-slow)
 def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     """The grid's learning regression (issue 31): `sft/warm_start.sh sokoban --describe-state` on the recipe's
     CoordSokoban, whose expert thought begins by naming the positions in the observation's terms ("The player is at
@@ -64,7 +64,7 @@ def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     shows reading the state's coordinates, not choosing moves: the move from the board takes a small model
     hundreds more steps, seed by seed (docs/status.md). Measured with these settings on 2 CPU cores (64 held-out
     moves, the commonest position 7.8 %): after 200 steps 54.7-56.2 % in 4 runs of 5 (other random weights or sample
-    orders) and 18.8 % in one, which after 300 steps wrote 56.2 %, as did another; ~3 min a run."""
+    orders) and 18.8 % in one, which after 300 steps wrote 56.2 %, as did another; ~3 min a run on 2 cores, ~5.5 on one."""
     from ragen.context_manager import ANSWER_CLOSE, reply_opening, reply_text
     from ragen.sft.world_model import load_engine
     from tests.conftest import save_tiny_llama

@@ -20,7 +20,7 @@ from verl.trainer.core_algos import (ADV_ESTIMATORS, ADV_MASKS, FILTER_METRICS, 
                                      LOSS_AGG_MODES,
                                      AdaptiveKLController, agg_loss, apply_kl_penalty, balanced_order,
                                      compute_policy_loss,
-                                     compute_value_loss, entropy_from_logits, explained_variance, masked_mean,
+                                     compute_value_loss, entropy_from_log_probs, explained_variance, masked_mean,
                                      normalize_scores, rollout_mismatch, select_groups, span_mask,
                                      truncated_is_weights, turn_end_mask)
 
@@ -931,8 +931,9 @@ def test_masked_mean_of_an_empty_mask_is_zero():
 
 
 def test_entropy_of_uniform_logits_is_log_vocab():
-    assert_close(entropy_from_logits(torch.zeros(2, 3, 10)), torch.full((2, 3), math.log(10)))
-    assert_close(entropy_from_logits(torch.tensor([[[0.0, -1e4]]])), [[0.0]])  # one sure token
+    uniform, sure = torch.log_softmax(torch.zeros(2, 3, 10), -1), torch.log_softmax(torch.tensor([[[0.0, -1e4]]]), -1)
+    assert_close(entropy_from_log_probs(uniform), torch.full((2, 3), math.log(10)))
+    assert_close(entropy_from_log_probs(sure), [[0.0]])  # one sure token
 
 
 @pytest.mark.parametrize("lengths, n_parts", [([5, 1, 4, 2, 3, 3], 2), ([9, 1, 1, 1, 8, 2, 2, 2], 4), ([7] * 6, 3)])

@@ -34,7 +34,7 @@ def run_on_ranks(world_size: int, fn, *args) -> list:
 
 
 def _rank_main(rank: int, world_size: int, tmp: str, fn, args: tuple) -> None:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))  # the cores this test may use
     if world_size == 1:
         init_single_rank_group("gloo")
     else:

@@ -461,9 +461,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - var_residual / var_returns)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position: (..., V) -> (...)."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)
+def entropy_from_log_probs(log_p: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution at each position, from its log-probabilities: (..., V) -> (...)."""
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 

@@ -22,7 +22,7 @@ import torch
 from verl.protocol import DataProto
 from verl.single_controller import DATA_PARALLEL, ONE_TO_ALL, Worker, register
 from verl.trainer.config import ActorRolloutRefConfig, LoraConfig, ModelConfig
-from verl.trainer.core_algos import (KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_logits,
+from verl.trainer.core_algos import (KL_PENALTIES, LOSS_AGG_MODES, compute_policy_loss, entropy_from_log_probs,
                                      masked_mean, rollout_mismatch, truncated_is_weights)
 from verl.utils import memory
 from verl.utils.checkpoint import load_train_state, save_train_state
@@ -217,8 +217,11 @@ def token_log_probs(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, w
     hidden = last_hidden_states(model, **forward_inputs(model, batch))  # (B, T, H)
     predicting = batch["loss_mask"][:, 1:].bool()  # (B, T-1): position t predicts token t+1
     scored = torch.nn.functional.pad(predicting, (1, 0))  # (B, T): token 0 has no prediction
-    logits = model.get_output_embeddings()(hidden[:, :-1][predicting]).float() / temperature  # (N, V)
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[scored][:, None]).squeeze(-1)  # (N,)
+    logits = model.get_output_embeddings()(hidden[:, :-1][predicting]).float()  # (N, V)
+    if temperature != 1.0:  # x / 1.0 is x: skipping it saves two passes over the (N, V) logits
+        logits = logits / temperature
+    log_p = torch.log_softmax(logits, dim=-1)  # once, for the tokens' log-probs and the entropy
+    log_probs = log_p.gather(-1, input_ids[scored][:, None]).squeeze(-1)  # (N,)
     zeros = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
-    entropy = zeros.masked_scatter(scored, entropy_from_logits(logits)) if with_entropy else None
+    entropy = zeros.masked_scatter(scored, entropy_from_log_probs(log_p)) if with_entropy else None
     return zeros.masked_scatter(scored, log_probs), entropy
