@@ -29,10 +29,15 @@ def train_command(recipe: str, model_path: str, run_dir: Path, *overrides: str) 
 
 def train(recipe: str, model_path: str, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     command = train_command(recipe, model_path, run_dir, *overrides)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=run_env(run_dir))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def run_env(run_dir: Path) -> dict[str, str]:
+    """A run's environment: offline, and marked with its folder, which Ray passes down to every process it starts
+    for the run (its GCS, raylet and workers), so that `left_behind` can tell them from other runs' processes."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "RAGEN_TEST_RUN": str(run_dir)}
 
 
 def changed_tensors(before_dir: str, after_dir: Path) -> list[str]:
@@ -45,19 +50,29 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def ray_processes() -> dict[str, str]:
-    """pid -> command line of the running Ray processes (zombies are not running)."""
+def ray_processes(run_dir: Path) -> list[str]:
+    """Command lines of the running Ray processes (zombies are not running) of the run in `run_dir` (`run_env`);
+    another run on this machine, a researcher's or another test process's (`pytest -n 2`), is not this run's."""
     listing = subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout
-    return {line.split()[0]: line for line in listing.splitlines() if "<defunct>" not in line}
+    mark = f"RAGEN_TEST_RUN={run_dir}".encode()
+    ours = []
+    for line in listing.splitlines():
+        try:
+            environment = Path(f"/proc/{line.split()[0]}/environ").read_bytes().split(b"\0")
+        except OSError:  # it has exited
+            continue
+        if "<defunct>" not in line and mark in environment:
+            ours.append(line)
+    return ours
 
 
-def left_behind(others: dict[str, str], grace_s: float = 10.0) -> list[str]:
-    """Ray processes running that were not before the run (`others`: another run's, left alone), once the
-    processes that `ray.shutdown()` has told to exit have had `grace_s` seconds to do so (they exit
-    asynchronously: on a loaded machine a worker can still be running right after the run returned)."""
+def left_behind(run_dir: Path, grace_s: float = 10.0) -> list[str]:
+    """The run's Ray processes still running once those that `ray.shutdown()` has told to exit have had `grace_s`
+    seconds to do so (they exit asynchronously: on a loaded machine a worker can still be running right after the
+    run returned)."""
     deadline = time.monotonic() + grace_s
     while True:
-        remaining = [line for pid, line in ray_processes().items() if pid not in others]
+        remaining = ray_processes(run_dir)
         if not remaining or time.monotonic() > deadline:
             return remaining
         time.sleep(0.2)
@@ -68,7 +83,6 @@ def library_noise(result: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
-    others = ray_processes()  # another run on this machine (a researcher's training) is not this run's
     result = train("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=2",
                    "logging.log_image_step_size=2", "logging.log_n_image_per_batch=4")
     validation, *metrics = read_metrics(tmp_path)
@@ -98,7 +112,7 @@ def test_bandit_two_steps_on_ray(tiny_model_path, tmp_path):
     assert [p.name for p in (tmp_path / "hydra").iterdir()] == [".hydra"]  # the resolved config; no empty train.log
     changed = changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
     assert any("layers.0.self_attn.q_proj" in k for k in changed) and any("layers.1.mlp" in k for k in changed)
-    assert left_behind(others) == [], "the run left Ray processes behind"
+    assert left_behind(tmp_path) == [], "the run left Ray processes behind"
     rollouts = tmp_path / "rollouts"
     assert sorted(p.relative_to(rollouts).as_posix() for p in rollouts.rglob("*.jsonl")) == [
         "train/step_1.jsonl", "train/step_2.jsonl", "val/step_0.jsonl", "val/step_2.jsonl"]
@@ -165,7 +179,6 @@ def test_each_algorithm_recipe_trains(tiny_model_path, tmp_path, algo, expected,
 
 def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path):
     # the filter keeps 1 of 4 groups = one mini-batch of 4, split 2 + 2 over the ranks of actor and critic
-    others = ray_processes()
     result = train("sokoban", tiny_model_path, tmp_path, "algo=starpo_s",
                    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
@@ -176,7 +189,7 @@ def test_two_data_parallel_ranks_with_a_critic_on_ray(tiny_model_path, tmp_path)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["rollout/filter_kept_ratio"] == 0.25 and "critic/vf_loss" in m for m in metrics)
     assert changed_tensors(tiny_model_path, tmp_path / "global_step_2" / "actor")
-    assert left_behind(others) == [], "the run left Ray processes behind"
+    assert left_behind(tmp_path) == [], "the run left Ray processes behind"
 
 
 def test_a_run_whose_filter_keeps_nothing_stops_after_the_empty_steps(tiny_model_path, tmp_path):
@@ -212,11 +225,10 @@ def test_verbose_shows_the_libraries_output(tiny_model_path, tmp_path):
 
 
 def test_ctrl_c_ends_with_a_summary_and_a_resumable_checkpoint(tiny_model_path, tmp_path):
-    others = ray_processes()
     command = train_command("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=100",
                             "trainer.save_freq=1", "trainer.val_before_train=false")
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                           start_new_session=True, env=run_env(tmp_path))
     printed = []
     for line in run.stdout:  # until the first checkpoint is written
         printed.append(line)
@@ -231,7 +243,7 @@ def test_ctrl_c_ends_with_a_summary_and_a_resumable_checkpoint(tiny_model_path, 
     assert "[ragen] interrupted after step" in stdout
     last = checkpoint.latest_checkpoint(tmp_path)  # complete, with its optimizer state
     assert last is not None and f"[ragen] checkpoint   {last}: the same command resumes from it" in stdout
-    assert left_behind(others) == [], "the run left Ray processes behind"
+    assert left_behind(tmp_path) == [], "the run left Ray processes behind"
 
 
 def test_bad_config_fails_before_loading_a_model(tmp_path):
