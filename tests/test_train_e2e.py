@@ -51,9 +51,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def ray_processes(run_dir: Path) -> list[str]:
-    """Command lines of the running Ray processes (zombies are not running) of the run in `run_dir` (`run_env`);
-    another run on this machine, a researcher's or another test process's (`pytest -n 2`), is not this run's."""
-    listing = subprocess.run(["pgrep", "-af", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout
+    return run_processes("raylet|gcs_server|ray::", run_dir)
+
+
+def run_processes(pattern: str, run_dir: Path) -> list[str]:
+    """Command lines of the running processes (zombies are not running) matching `pattern` (pgrep -f) of the run in
+    `run_dir` (`run_env`); another run on this machine, a researcher's or another test process's (`pytest -n 2`),
+    is not this run's."""
+    listing = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
     mark = f"RAGEN_TEST_RUN={run_dir}".encode()
     ours = []
     for line in listing.splitlines():

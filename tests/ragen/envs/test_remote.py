@@ -305,7 +305,7 @@ def test_a_server_answering_garbage_ends_only_that_trajectory(monkeypatch):
 def test_training_on_spawned_servers_plays_what_training_in_process_plays(tiny_model_path, tmp_path):
     """`bash train.sh sokoban` with its tag served: the same rollouts, training and validation, as in-process,
     and no server left afterwards."""
-    from tests.test_train_e2e import train
+    from tests.test_train_e2e import run_processes, train
 
     common = ["trainer.total_training_steps=1", "trainer.backend=local", "agent_proxy.max_turn=2",
               "es_manager.val.env_groups=4"]
@@ -317,6 +317,5 @@ def test_training_on_spawned_servers_plays_what_training_in_process_plays(tiny_m
                          for run in ("local", "served"))
         assert served == local and local, split
     assert "HTTP Request" not in result.stdout + result.stderr  # httpx's per-request log stays quiet
-    leftover = subprocess.run(["pgrep", "-f", "ragen.envs.serve CoordSokoban|ragen.envs.serve sokoban"],
-                              capture_output=True, text=True).stdout.split()
-    assert not [pid for pid in leftover if alive(int(pid))]
+    leftover = run_processes("ragen.envs.serve CoordSokoban|ragen.envs.serve sokoban", tmp_path / "served")
+    assert not [line for line in leftover if alive(int(line.split()[0]))]
