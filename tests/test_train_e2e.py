@@ -35,8 +35,8 @@ def train(recipe: str, model_path: str, run_dir: Path, *overrides: str) -> subpr
 
 
 def run_env(run_dir: Path) -> dict[str, str]:
-    """A run's environment: offline, and marked with its folder, which Ray passes down to every process it starts
-    for the run (its GCS, raylet and workers), so that `left_behind` can tell them from other runs' processes."""
+    """A run's environment: offline, and marked with its folder, which every process the run starts inherits (Ray's
+    GCS, raylet and workers, spawned env servers), so that `run_processes` tells them from other runs' processes."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "RAGEN_TEST_RUN": str(run_dir)}
 
 
@@ -48,10 +48,6 @@ def changed_tensors(before_dir: str, after_dir: Path) -> list[str]:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def ray_processes(run_dir: Path) -> list[str]:
-    return run_processes("raylet|gcs_server|ray::", run_dir)
 
 
 def run_processes(pattern: str, run_dir: Path) -> list[str]:
@@ -77,7 +73,7 @@ def left_behind(run_dir: Path, grace_s: float = 10.0) -> list[str]:
     run returned)."""
     deadline = time.monotonic() + grace_s
     while True:
-        remaining = ray_processes(run_dir)
+        remaining = run_processes("raylet|gcs_server|ray::", run_dir)
         if not remaining or time.monotonic() > deadline:
             return remaining
         time.sleep(0.2)
