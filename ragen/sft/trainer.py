@@ -46,7 +46,7 @@ from verl.utils.checkpoint import (config_changes, fixed_changes, listed_changes
                                    save_train_state)
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard
 from verl.utils.lora import load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import load_processor, load_tokenizer, read_weights, resolve_model_path, untied
+from verl.utils.model import load_processor, load_tokenizer, pack_shared_prefix, read_weights, resolve_model_path, untied
 from verl.utils.run_folder import check_name, check_run_dir
 from verl.utils.tracking import Tracking
 from verl.utils.vlm import pixel_inputs
@@ -260,7 +260,9 @@ class SFTTrainer(Worker):
         return metrics
 
     def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The summed negative log-likelihood of the reply tokens of a micro-batch (ppo_update averages it)."""
+        """The summed negative log-likelihood of the reply tokens of a micro-batch (ppo_update averages it). Rows
+        that begin alike (the system prompt of per-move rows) are packed into one, their shared prefix computed once."""
+        batch = pack_shared_prefix(batch)
         log_probs, _ = token_log_probs(self.model, batch, with_entropy=False, temperature=1.0)
         mask = batch["loss_mask"]
         nll = -(log_probs * mask).sum()
@@ -279,6 +281,7 @@ class SFTTrainer(Worker):
         for start in range(0, per_rank, micro):
             chunk = rows[start:start + micro] or [0]  # a rank out of rows runs a dummy forward and counts nothing
             batch = collate(self.test, chunk, self.tokenizer.pad_token_id, self.processor).to(self.device).batch
+            batch = pack_shared_prefix(batch)
             log_probs, _ = token_log_probs(self.model, batch, with_entropy=False, temperature=1.0)
             if rows[start:start + micro]:
                 totals[0] -= (log_probs * batch["loss_mask"]).sum().item()

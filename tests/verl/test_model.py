@@ -131,3 +131,54 @@ def test_forward_inputs_build_a_mask_only_for_a_window(tiny_model_path):
         causal, windowed = model(**inputs).logits, model(**never_hidden).logits
     torch.testing.assert_close(windowed[0], causal[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(windowed[1, :3], causal[1, :3], rtol=0, atol=1e-5)
+
+
+def sft_rows(prefix: list[int], remainders: list[list[int]], reply_tokens: int) -> dict[str, torch.Tensor]:
+    """Right-padded rows `prefix + remainder`, the last `reply_tokens` of each marked, as the SFT trainer collates."""
+    rows = [prefix + rest for rest in remainders]
+    width = max(map(len, rows))
+    batch = {"input_ids": torch.zeros(len(rows), width, dtype=torch.long),
+             "attention_mask": torch.zeros(len(rows), width, dtype=torch.long),
+             "position_ids": torch.zeros(len(rows), width, dtype=torch.long), "loss_mask": torch.zeros(len(rows), width)}
+    for i, row in enumerate(rows):
+        batch["input_ids"][i, :len(row)] = torch.tensor(row)
+        batch["attention_mask"][i, :len(row)] = 1
+        batch["position_ids"][i, :len(row)] = torch.arange(len(row))
+        batch["loss_mask"][i, len(row) - reply_tokens:len(row)] = 1
+    return batch
+
+
+def test_a_shared_prefix_packs_into_one_row_by_hand():
+    batch = sft_rows([5, 6, 7], [[8, 9], [10, 11, 12]], reply_tokens=1)
+    packed = model_utils.pack_shared_prefix(batch)
+    assert packed["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11, 12]]
+    assert packed["position_ids"].tolist() == [[0, 1, 2, 3, 4, 3, 4, 5]]  # each remainder where it was in its row
+    assert packed["loss_mask"].tolist() == [[0, 0, 0, 0, 1, 0, 0, 1]]
+    assert packed["hidden_from"].tolist() == [[8, 8, 8, 5, 5, 8, 8, 8]]  # the prefix seen by all, a remainder by itself
+    # a marked token right after the common part: the prefix stops one token before it, so the token's
+    # predictor (the last shared token) is repeated in each row's remainder
+    early = model_utils.pack_shared_prefix(sft_rows([5, 6, 7], [[8], [9]], reply_tokens=1))
+    assert early["input_ids"].tolist() == [[5, 6, 7, 8, 7, 9]] and early["position_ids"].tolist() == [[0, 1, 2, 3, 2, 3]]
+    # nothing to share, or one row: unchanged
+    assert model_utils.pack_shared_prefix(alone := sft_rows([], [[1, 2, 3], [4, 5, 6]], 1)) is alone
+    assert model_utils.pack_shared_prefix(one := sft_rows([5, 6, 7], [[8, 9]], 1)) is one
+
+
+def test_packed_rows_give_the_rows_own_log_probs_and_gradients(tiny_model_path):
+    from verl.workers.actor import token_log_probs
+
+    torch.manual_seed(0)
+    prefix = torch.randint(3, 100, (20,)).tolist()
+    batch = sft_rows(prefix, [torch.randint(3, 100, (n,)).tolist() for n in (9, 4, 13)], reply_tokens=3)
+    packed = model_utils.pack_shared_prefix(batch)
+    assert packed["input_ids"].shape == (1, 20 + 9 + 4 + 13)
+    results = []
+    for inputs in (batch, packed):
+        model = model_utils.load_causal_lm(tiny_model_path)
+        log_probs, _ = token_log_probs(model, inputs, with_entropy=False, temperature=1.0)
+        log_probs.sum().backward()
+        results.append((log_probs[inputs["loss_mask"].bool()], {n: p.grad for n, p in model.named_parameters()}))
+    (rows, row_grads), (one, packed_grads) = results
+    torch.testing.assert_close(one, rows, rtol=0, atol=1e-5)
+    for name, grad in row_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -16,6 +16,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 BUNDLED_PREFIX = "bundled:"
@@ -261,6 +262,40 @@ def windowed_attention_mask(hidden_from: torch.Tensor) -> torch.Tensor:
     steps = torch.arange(hidden_from.shape[1], device=hidden_from.device)
     queries, keys = steps[:, None], steps[None, :]  # (T, 1), (1, T)
     return ((keys <= queries) & (queries < hidden_from[:, None, :]))[:, None]  # (B, 1, T, T)
+
+
+def pack_shared_prefix(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Right-padded rows that begin alike (per-move SFT rows: one system prompt, then a state and a move) as one
+    row: the common prefix once, then each row's remainder, each at the positions it had in its own row and
+    seeing only the prefix and itself (`hidden_from`: the context-window mask of `forward_inputs`). The packed
+    row's log-probs at the marked tokens are the rows' own, and the prefix is computed once instead of per row.
+
+    The prefix stops before the first token any row predicts (`loss_mask`), so every marked token is predicted
+    from inside its own remainder. Batches with pictures or with a context window already, and rows that share
+    fewer than 2 tokens, are returned as they are."""
+    from verl.utils.vlm import PIXEL_KEYS
+
+    input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    if len(input_ids) < 2 or "hidden_from" in batch or any(key in batch for key in PIXEL_KEYS):
+        return batch
+    lengths = attention_mask.sum(dim=1).tolist()
+    differs = ((input_ids != input_ids[:1]) | (attention_mask == 0)).any(dim=0)  # (T,) a column not alike
+    shared = int(differs.int().argmax()) if differs.any() else input_ids.shape[1]
+    marked = loss_mask.bool().any(dim=0)  # (T,) columns with a marked token in some row
+    if marked.any():
+        shared = min(shared, int(marked.int().argmax()) - 1)  # the first marked token's predictor stays its row's
+    if shared < 2:
+        return batch
+    parts = {key: [batch[key][0, :shared]] for key in ("input_ids", "position_ids", "loss_mask")}
+    ends = np.cumsum([shared] + [length - shared for length in lengths])  # each piece's end in the packed row
+    hidden_from = [torch.full((shared,), int(ends[-1]))]  # the prefix: seen by every token after it
+    for row, length in enumerate(lengths):
+        for key in parts:
+            parts[key].append(batch[key][row, shared:length])
+        hidden_from.append(torch.full((length - shared,), int(ends[row + 1])))  # a remainder: seen by itself only
+    packed = {key: torch.cat(values)[None] for key, values in parts.items()}  # (1, L) each
+    return packed | {"attention_mask": torch.ones_like(packed["input_ids"]),
+                     "hidden_from": torch.cat(hidden_from)[None].to(input_ids.device)}
 
 
 def last_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
