@@ -701,8 +701,9 @@ def test_adaptive_kl_controller_ignores_a_non_finite_kl(kl):
 
 # ---- rollout filter ------------------------------------------------------------------------------------
 def reference_select_groups(scores: list[float], strategy: str, value: float, largest: bool, include_zero: bool,
-                            prob_mode: str, multiple: int = 1) -> list[int]:
-    """RAGEN-2's group selection as a loop over the ranked groups, then our rounding to whole mini-batches."""
+                            prob_mode: str, fill: int = 1, multiple: int = 1) -> list[int]:
+    """RAGEN-2's group selection as a loop over the ranked groups, then our rounding: up to whole mini-batches
+    (`fill`) or all the candidates, then down to equal rank shares (`multiple`)."""
     candidates = [g for g, s in enumerate(scores) if not math.isnan(s) and (include_zero or abs(s) > 1e-10)]
     candidates.sort(key=lambda g: -scores[g] if largest else scores[g])  # a stable sort: ties keep the earlier group
     ranked = [scores[g] for g in candidates]
@@ -731,16 +732,15 @@ def reference_select_groups(scores: list[float], strategy: str, value: float, la
         count = max(1, int(value))
     else:  # min_p
         count = sum(1 for s in ranked if (s >= value * ranked[0] if largest else s <= ranked[0] / value))
-    count = min(count, len(ranked))
-    rounded_up = -(-count // multiple) * multiple
-    count = rounded_up if rounded_up <= len(ranked) else len(ranked) // multiple * multiple
-    return candidates[:count]
+    count = min(-(-count // fill) * fill, len(ranked))
+    return candidates[:count - count % multiple]
 
 
-def select(scores, strategy, value, filter_type="largest", include_zero=True, prob_mode="linear", multiple=1):
+def select(scores, strategy, value, filter_type="largest", include_zero=True, prob_mode="linear", fill=1,
+           multiple=1):
     kept = select_groups(torch.as_tensor(scores, dtype=torch.float32), strategy=strategy, value=value,
                          largest=filter_type == "largest", include_zero=include_zero, prob_mode=prob_mode,
-                         multiple=multiple)
+                         fill=fill, multiple=multiple)
     return kept.tolist()
 
 
@@ -834,21 +834,30 @@ def test_a_nan_score_a_group_with_a_failed_environment_is_never_kept(strategy, v
     assert select([nan, nan], strategy, value, filter_type) == []
 
 
-@pytest.mark.parametrize("strategy, value, include_zero, multiple, expected", [
-    ("top_k", 1 / 6, True, 4, [1, 5, 3, 4]),  # 1 -> 4: the next-ranked groups fill the mini-batch
-    ("top_p", 0.5, True, 3, [1, 5, 3]),  # 2 -> 3
-    ("top_k", 0.8, True, 4, [1, 5, 3, 4]),  # 4 stays 4
-    ("top_k", 0.9, True, 4, [1, 5, 3, 4]),  # 5 -> 8 is more than the 6 groups: down to 4
-    ("top_p", 1.0, False, 2, [1, 5, 3, 4]),  # 5 candidates: 6 would take the zero group back; down to 4
-    ("top_p", 0.9, False, 5, [1, 5, 3, 4, 0]),  # 4 -> 5, all the candidates
-    ("top_k_abs", 1, False, 6, []),  # 6 groups per mini-batch, 5 candidates: none
+@pytest.mark.parametrize("strategy, value, include_zero, fill, multiple, expected", [
+    ("top_k", 1 / 6, True, 4, 1, [1, 5, 3, 4]),  # 1 -> 4: the next-ranked groups fill the mini-batch
+    ("top_p", 0.5, True, 3, 1, [1, 5, 3]),  # 2 -> 3
+    ("top_k", 0.8, True, 4, 1, [1, 5, 3, 4]),  # 4 stays 4
+    ("top_k", 0.9, True, 4, 1, [1, 5, 3, 4, 0, 2]),  # 5 -> 8 is more than the 6 groups: all 6, one short batch
+    ("top_p", 1.0, False, 2, 1, [1, 5, 3, 4, 0]),  # 5 candidates: 6 would take the zero group back
+    ("top_p", 0.9, False, 5, 1, [1, 5, 3, 4, 0]),  # 4 -> 5, all the candidates
+    ("top_k_abs", 1, False, 6, 1, [1, 5, 3, 4, 0]),  # 6 groups per mini-batch, 5 candidates: all 5
+    ("top_k_abs", 1, False, 6, 2, [1, 5, 3, 4]),  # ... in equal shares for ranks of one group each
+    ("top_k_abs", 1, False, 1, 2, []),  # one group cannot be shared by 2 ranks
+    ("top_k_abs", 3, False, 1, 2, [1, 5]),
 ])
-def test_the_kept_count_is_rounded_to_whole_mini_batches(strategy, value, include_zero, multiple, expected):
-    assert select(GROUP_SCORES, strategy, value, include_zero=include_zero, multiple=multiple) == expected
+def test_the_kept_count_fills_whole_mini_batches_and_equal_rank_shares(strategy, value, include_zero, fill,
+                                                                       multiple, expected):
+    assert select(GROUP_SCORES, strategy, value, include_zero=include_zero, fill=fill, multiple=multiple) == expected
+
+
+def test_a_lone_informative_group_is_kept_though_it_fills_no_mini_batch():
+    # a sparse step: one group of 8 with mixed outcomes, mini-batches of 2 groups
+    assert select([0.0, 0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0], "top_p", 0.9, include_zero=False, fill=2) == [2]
 
 
 def test_an_empty_selection_stays_empty_with_mini_batches():
-    assert select([0.0, 0.0, 0.0, 0.0], "top_p", 0.9, multiple=2) == []
+    assert select([0.0, 0.0, 0.0, 0.0], "top_p", 0.9, fill=2) == []
 
 
 @pytest.mark.parametrize("strategy, values", [("top_p", [0.3, 0.6, 0.9, 1.0]), ("top_k", [0.1, 0.5, 1.0]),
@@ -865,10 +874,10 @@ def test_select_groups_matches_the_loop_reference(strategy, values):
             for filter_type in ("largest", "smallest"):
                 for include_zero in (True, False):
                     for prob_mode in ("linear", "softmax"):
-                        for multiple in (1, 2, 3):
-                            args = (strategy, value, filter_type == "largest", include_zero, prob_mode, multiple)
-                            assert select(scores, strategy, value, filter_type, include_zero, prob_mode, multiple) \
-                                == reference_select_groups(scores, *args), (scores, args)
+                        for fill, multiple in ((1, 1), (2, 1), (3, 1), (4, 2), (3, 3)):
+                            args = (strategy, value, filter_type == "largest", include_zero, prob_mode, fill, multiple)
+                            assert select(scores, strategy, value, filter_type, include_zero, prob_mode, fill,
+                                          multiple) == reference_select_groups(scores, *args), (scores, args)
 
 
 def test_filter_metrics_score_each_group():

@@ -221,7 +221,7 @@ def test_filter_keeps_whole_mini_batches_in_top_p_mode(tmp_path):
     assert batch.non_tensor_batch["group_ids"].tolist() == [1, 1, 3, 3]
     assert groups_per_multiple(samples_multiple=4, group_size=2) == 2
     assert groups_per_multiple(samples_multiple=8, group_size=16) == 1
-    # without the zero-std groups, 3 groups could only fill one mini-batch of 4: the best 2 of them
+    # without the zero-std groups: half the spread needs the 2 best of the 3 others, one whole mini-batch
     trainer.samples_multiple, trainer.rollout_config.rollout_filter_include_zero = 4, False
     batch, _ = trainer.filter(rollout_batch([1.0, 0.0, 1.0, 1.0, 2.0, 0.0, 0.0, 2.0], 2))
     assert batch.non_tensor_batch["group_ids"].tolist() == [2, 2, 3, 3]
@@ -237,10 +237,15 @@ def test_filter_never_keeps_a_group_with_a_failed_environment(tmp_path):
     assert metrics["rollout/env_failed_groups"] == 1
     assert metrics["rollout/chosen_in_group_std"] == pytest.approx(0.5 ** 0.5)
     assert metrics["rollout/filter_score_mean"] == pytest.approx(0.5 ** 0.5 / 3)  # over the 3 healthy groups
-    # filter off, mini-batches of 2 groups: of the 3 groups left, the 2 with the most spread fill one
+    # filter off, mini-batches of 2 groups: the 3 healthy groups are all kept, the second mini-batch short
     trainer.rollout_config.rollout_filter_value, trainer.samples_multiple = 1.0, 4
     batch, metrics = trainer.filter(rollout_batch(rewards, 2, env_failed=failed))
-    assert batch.non_tensor_batch["group_ids"].tolist() == [0, 0, 1, 1] and metrics["rollout/filter_kept_ratio"] == 0.5
+    assert batch.non_tensor_batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert metrics["rollout/filter_kept_ratio"] == 0.75
+    # four ranks: 6 trajectories cannot be shared equally, so the group with the least spread is left out
+    trainer.actor_rollout_wg.world_size = 4
+    batch, _ = trainer.filter(rollout_batch(rewards, 2, env_failed=failed))
+    assert batch.non_tensor_batch["group_ids"].tolist() == [0, 0, 1, 1]
 
 
 def test_a_step_in_which_every_group_failed_skips_the_update(tmp_path):

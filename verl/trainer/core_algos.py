@@ -364,19 +364,22 @@ FILTER_STRATEGIES: dict[str, Callable[..., int]] = {
 
 
 def select_groups(scores: torch.Tensor, *, strategy: str, value: float, largest: bool, include_zero: bool,
-                  prob_mode: str, multiple: int = 1) -> torch.Tensor:
+                  prob_mode: str, fill: int = 1, multiple: int = 1) -> torch.Tensor:
     """Indices of the groups to keep, best first, from one score per group (G,).
 
     A NaN score (a group with a failed environment) is never kept. `include_zero=False` first drops the groups
     whose |score| <= ZERO_SCORE. The others, the candidates, are ranked (ties keep the earlier group), and the
     strategy keeps the first k of them (top_k: of all G groups; a strategy never keeps more than the candidates).
 
-    The kept count is then rounded UP to a multiple of `multiple` (the kept trajectories fill whole mini-batches)
-    with the next-ranked candidates, or DOWN where there are too few candidates for that, possibly to none. Up,
-    because every strategy's count is a least amount of signal (top_p: the fewest groups that hold the share)
-    and the groups added are the next most informative; never beyond the candidates, because a zero-score group
-    that include_zero=False excluded, or a failed one, must not come back as filler. A count of 0 (top_p's
-    share never reached, no candidate, min_p on negative scores) stays 0: the trainer skips that step.
+    The kept count is then rounded UP to a multiple of `fill` (the kept trajectories fill whole mini-batches)
+    with the next-ranked candidates, or to all the candidates where there are too few for that (the last
+    mini-batch is then short), and last DOWN to a multiple of `multiple` (every rank gets an equal share),
+    possibly to none. Up, because every strategy's count is a least amount of signal (top_p: the fewest groups
+    that hold the share) and the groups added are the next most informative; never beyond the candidates,
+    because a zero-score group that include_zero=False excluded, or a failed one, must not come back as filler,
+    and never down to whole mini-batches, because the lone informative group of a sparse step is the signal.
+    A count of 0 (top_p's share never reached, no candidate, min_p on negative scores) stays 0: the trainer
+    skips that step.
     """
     candidates = torch.nonzero(~scores.isnan() & (include_zero | (scores.abs() > ZERO_SCORE))).flatten()
     if len(candidates) == 0:
@@ -386,9 +389,8 @@ def select_groups(scores: torch.Tensor, *, strategy: str, value: float, largest:
     ranked = candidate_scores[order]  # (N,)
     count = FILTER_STRATEGIES[strategy](ranked, value=value, largest=largest, num_groups=len(scores),
                                         prob_mode=prob_mode)
-    count = min(count, len(ranked))
-    rounded_up = math.ceil(count / multiple) * multiple
-    count = rounded_up if rounded_up <= len(ranked) else len(ranked) // multiple * multiple
+    count = min(math.ceil(count / fill) * fill, len(ranked))
+    count = count // multiple * multiple
     return candidates[order[:count]]
 
 

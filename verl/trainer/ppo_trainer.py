@@ -44,8 +44,8 @@ class PPOTrainer:
                  val_agent: RolloutProducer | None = None, use_reference: bool = False, samples_multiple: int = 1,
                  on_policy_batch: int = 0, on_records: Callable[[list[dict], str, int], None] | None = None, *,
                  run_config: dict, curriculum=None):
-        """`critic_wg` is None without a critic. `samples_multiple`: the filter keeps a multiple of this
-        many trajectories (the mini-batch size), so every rank runs the same number of optimizer steps.
+        """`critic_wg` is None without a critic. `samples_multiple`: the filter fills whole mini-batches
+        of this many trajectories with the next-best groups where enough qualify (core_algos.select_groups).
         `on_policy_batch`: a batch of at most this many trajectories is one actor step on the policy that
         sampled it (one PPO epoch, one mini-batch), so its old log-probs are the current ones and no pass
         computes them (TRL and veRL skip it too); 0 computes them always.
@@ -142,7 +142,8 @@ class PPOTrainer:
 
         A group with a trajectory whose environment failed (`env_failed`) is never kept: GRPO's or RLOO's
         baseline over the survivors alone would be biased. The kept trajectories fill whole mini-batches
-        (`samples_multiple`); the batch may come back empty (`rollout/empty_after_filter`), and the step then
+        (`samples_multiple`) where enough groups qualify, else the last one is short, and every rank gets as
+        many; the batch may come back empty (`rollout/empty_after_filter`), and the step then
         trains on nothing."""
         cfg = self.rollout_config
         rewards = batch.batch["trajectory_rewards"]
@@ -158,7 +159,8 @@ class PPOTrainer:
         kept = select_groups(scores, strategy=cfg.rollout_filter_strategy, value=cfg.rollout_filter_value,
                              largest=cfg.rollout_filter_type == "largest", include_zero=cfg.rollout_filter_include_zero,
                              prob_mode=cfg.rollout_filter_top_p_prob_mode,
-                             multiple=groups_per_multiple(self.samples_multiple, group_size))
+                             fill=groups_per_multiple(self.samples_multiple, group_size),
+                             multiple=groups_per_multiple(self.actor_rollout_wg.world_size, group_size))
         keep = np.isin(index.numpy(), kept.numpy())
         metrics = {"rollout/in_group_std": group_stds.mean().item(),
                    "rollout/filter_kept_ratio": len(kept) / len(group_stds),
