@@ -210,6 +210,14 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
                       env_manager, context, split)
 
 
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) ends the run with its summary (`main`), also when it was started in the background of a
+    script, which starts it with SIGINT ignored; so does SIGTERM (`kill`, `timeout`, a batch scheduler). Either
+    way Ray and the env servers are stopped on the way out."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 @contextmanager
 def worker_backend(cfg: RagenConfig):
     if cfg.trainer.backend == "local":
@@ -218,6 +226,7 @@ def worker_backend(cfg: RagenConfig):
     import ray
 
     ray.init(address=cfg.ray.address, include_dashboard=False, configure_logging=False)
+    stop_on_signals()  # ray.init put its own SIGTERM handler in place: an exit with no summary
     try:
         yield
     finally:
@@ -276,9 +285,7 @@ def check_overrides() -> None:
 
 
 if __name__ == "__main__":
-    # Ctrl-C (SIGINT) ends the run with its summary, also when it was started in the background of a script,
-    # which starts it with SIGINT ignored
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     check_overrides()
     pick_scale()
     main()

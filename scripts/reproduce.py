@@ -46,6 +46,25 @@ from ragen.plot import read_metrics, series
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "reward std (batch)",
            "rollout/in_group_std": "reward std within groups", "rollout/response_repetition": "4-gram repetition"}
+STOP_GRACE_S = 180  # an interrupted stage's time to finish a checkpoint and stop its Ray workers
+
+
+def run_stage(command: list[str], log) -> int:
+    """Run a stage (the warm start, a training run) in its own process group and return its exit code. If this
+    script is interrupted (Ctrl-C, SIGTERM: see main), the stage gets what Ctrl-C would give it, SIGINT to its
+    whole group, and STOP_GRACE_S to stop cleanly (the trainer shuts Ray down; killed outright, it left Ray's
+    agents running), then is killed; the interruption is raised again."""
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        return process.wait()
+    except BaseException:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        raise
 
 
 def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides: list[str]) -> list[str]:
@@ -66,7 +85,7 @@ def warm_start(recipe: str, seed: int, folder: Path, extra: list[str]) -> Path:
     start = time.time()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"warm_seed_{seed}.log", "a", encoding="utf-8") as log:
-        returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+        returncode = run_stage(command, log)
     if returncode != 0:
         sys.exit(f"[reproduce] the warm start of seed {seed} failed (exit {returncode}): see {log.name}")
     done.write_text(json.dumps({"command": command, "wall_time_s": time.time() - start}), encoding="utf-8")
@@ -101,8 +120,8 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     start = time.time()
     with open(run_dir.parent / f"seed_{seed}.log", "a", encoding="utf-8") as log:
         checkpoints = [f"trainer.save_freq={args.save_freq}", "trainer.max_actor_ckpt_to_keep=1"]
-        try:  # on an exception (Ctrl-C, SIGTERM: see main) subprocess.run kills the trainer before raising
-            returncode = subprocess.run(command + checkpoints, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+        try:  # on an exception (Ctrl-C, SIGTERM: see main) run_stage stops the trainer before raising
+            returncode = run_stage(command + checkpoints, log)
         finally:  # interrupted or not, the time spent counts towards this run
             wall = earlier["wall_time_s"] + time.time() - start
             started.write_text(json.dumps(earlier | {"wall_time_s": wall}), encoding="utf-8")
@@ -311,8 +330,11 @@ def validation_tags(recipe: str, overrides: list[str]) -> list[str]:
 
 def exit_on_sigterm() -> None:
     """`timeout`, a batch scheduler or `kill` stop a run with SIGTERM: exit as on Ctrl-C, so that the trainer is
-    stopped and the sitting's wall time recorded; the same command goes on from the newest checkpoint."""
+    stopped and the sitting's wall time recorded; the same command goes on from the newest checkpoint. Ctrl-C
+    works also where this script was started in the background of a shell, with SIGINT ignored, and the stages
+    start with SIGINT at its default, so that run_stage can stop them with it."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main() -> None:

@@ -101,11 +101,14 @@ def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monk
     """`timeout 8h python scripts/reproduce.py ...`: the SIGTERM must not lose the run (it once did: the command
     was recorded only after the trainer ended, so the next sitting wiped the run and started over)."""
     run_dir = tmp_path / "runs" / "seed_1"
-    # A stand-in for train.sh: the first sitting writes a "checkpoint" and its pid, then trains "forever".
+    # A stand-in for train.sh: the first sitting writes a "checkpoint" and its pid, then trains "forever", and
+    # stops as the trainer does on Ctrl-C, saying so.
     trainer = ("import os, pathlib, sys, time; run = pathlib.Path(sys.argv[1]); ckpt = run / 'global_step_1'\n"
                "if ckpt.exists(): sys.exit(0)\n"
                "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()\n"
-               "(run / 'pid').write_text(str(os.getpid())); time.sleep(120)")
+               "(run / 'pid').write_text(str(os.getpid()))\n"
+               "try:\n    time.sleep(120)\n"
+               "except KeyboardInterrupt:\n    (run / 'stopped_cleanly').touch(); sys.exit(130)")
     driver = (f"import argparse, importlib.util, sys\n"
               f"path = {str(REPO / 'scripts' / 'reproduce.py')!r}\n"
               f"spec = importlib.util.spec_from_file_location('reproduce', path)\n"
@@ -122,6 +125,7 @@ def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monk
     assert sitting.wait(timeout=30) == 128 + signal.SIGTERM
     with pytest.raises(ProcessLookupError):  # the trainer was stopped (and reaped), not left running
         os.kill(trainer_pid, 0)
+    assert (run_dir / "stopped_cleanly").is_file()  # by Ctrl-C's SIGINT, with time to stop Ray, not SIGKILL
     recorded = json.loads(reproduce.bookkeeping(run_dir)[1].read_text())
     assert recorded["wall_time_s"] > 0
 
@@ -134,11 +138,11 @@ def test_a_run_stopped_with_sigterm_stops_its_trainer_and_resumes(tmp_path, monk
 def test_a_warm_start_is_made_once_per_seed_and_reused(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run(command, **kwargs):
+    def fake_run(command, log):
         calls.append(command)
-        return subprocess.CompletedProcess(command, 0)
+        return 0
 
-    monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
+    monkeypatch.setattr(reproduce, "run_stage", fake_run)
     folder = reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", [])
     assert folder == tmp_path / "warm_seed_2" and len(calls) == 1
     assert calls[0][1].endswith("sft/warm_start.sh") and calls[0][2:] == ["sokoban", str(folder), "trainer.seed=2"]
@@ -147,7 +151,7 @@ def test_a_warm_start_is_made_once_per_seed_and_reused(tmp_path, monkeypatch):
     reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", ["--noise=0.2"])  # other arguments: made anew
     assert len(calls) == 2 and calls[1][-2:] == ["trainer.seed=2", "--noise=0.2"]
 
-    monkeypatch.setattr(reproduce.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, 1))
+    monkeypatch.setattr(reproduce, "run_stage", lambda command, log: 1)
     with pytest.raises(SystemExit, match="warm start of seed 3 failed"):
         reproduce.warm_start("sokoban", 3, tmp_path / "warm_seed_3", [])
     assert not (tmp_path / "warm_seed_3" / "warm_start.json").exists()  # the same command makes it again

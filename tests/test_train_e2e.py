@@ -225,7 +225,8 @@ def test_verbose_shows_the_libraries_output(tiny_model_path, tmp_path):
     assert {"Loading weights", "Writing model shards", "LOAD REPORT"} <= set(library_noise(result))
 
 
-def test_ctrl_c_ends_with_a_summary_and_a_resumable_checkpoint(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_ends_with_a_summary_and_a_resumable_checkpoint(tiny_model_path, tmp_path, how):
     command = train_command("bandit", tiny_model_path, tmp_path, "trainer.total_training_steps=100",
                             "trainer.save_freq=1", "trainer.val_before_train=false")
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -236,7 +237,10 @@ def test_ctrl_c_ends_with_a_summary_and_a_resumable_checkpoint(tiny_model_path, 
         if line.startswith("saved checkpoint"):
             break
     assert printed[-1:] and printed[-1].startswith("saved checkpoint"), "".join(printed) + run.stderr.read()
-    os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C does: signal the terminal's foreground process group
+    if how == "ctrl-c":
+        os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C does: signal the terminal's foreground process group
+    else:
+        run.send_signal(signal.SIGTERM)  # `kill`, `timeout`: the trainer alone
     rest, errors = run.communicate(timeout=120)
     stdout = "".join(printed) + rest
     assert run.returncode == 130, stdout[-3000:] + errors[-3000:]
