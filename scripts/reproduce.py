@@ -27,6 +27,11 @@ arguments; each trains only its own seed, and its table of that seed alone is re
 `--seeds 1 2 ...` reads them back and writes the table of all. `--table` trains nothing and writes the table from
 the runs already in `--out`, interrupted ones included up to their last validation (results.json lists them under
 "interrupted"): for runs cut short, or made on another machine (name it with `--machine`).
+
+The validation states are watched while runs are made, so a recipe chosen by them has seen them. `--test-seed T`
+also tests, once each run has finished, the model it started from and its last checkpoint (greedy, as validated) on
+`--test-groups` start states per tag from T on, which nothing was validated on: the independent re-run of a
+result (`runs/seed_<S>/test/{before,after}/`: metrics.json, trajectories.jsonl; a "test" table in results.md).
 """
 
 import argparse
@@ -41,6 +46,7 @@ import time
 from pathlib import Path
 
 from ragen.overrides import load_config
+from verl.utils.checkpoint import latest_checkpoint
 from ragen.plot import read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,11 +134,45 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     if returncode != 0:
         sys.exit(f"[reproduce] the run with seed {seed} failed (exit {returncode}): see {log.name}; the same "
                  "command resumes it from its newest checkpoint")
+    record = {"wall_time_s": wall, "command": command, "code": earlier["code"]}
+    if getattr(args, "test_seed", None) is not None:
+        record["test"] = final_test(recipe, run_dir, args, overrides)
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
-    record = {"wall_time_s": wall, "command": command, "code": earlier["code"]}
     done.write_text(json.dumps(record), encoding="utf-8")
     return record
+
+
+def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict[str, dict[str, float]]:
+    """{"before"|"after": {tag: greedy success}}: the model the run started from (its `model_path` override, or
+    the recipe's) and the run's last checkpoint, each evaluated by `ragen.eval` with the run's overrides on
+    `args.test_groups` start states per tag from `args.test_seed`. An evaluation already written (an interrupted
+    test) is read back."""
+    n_tags = len(validation_tags(recipe, overrides))
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        sys.exit(f"[reproduce] no checkpoint in {run_dir} to test")
+    kept = [o for o in overrides if not o.startswith(("es_manager.val.env_groups=", "model_path="))]
+    models = {"before": [o for o in overrides if o.startswith("model_path=")], "after": [f"model_path={last}"]}
+    test = {}
+    for name, model in models.items():
+        out = run_dir / "test" / name
+        if not (out / "metrics.json").is_file():
+            command = [sys.executable, "-m", "ragen.eval", "--config-name", recipe, *kept, *model,
+                       f"trainer.val_seed={args.test_seed}", f"es_manager.val.env_groups={args.test_groups * n_tags}",
+                       f"hydra.run.dir={out}"]
+            print(f"[reproduce] test: {' '.join(command)}", flush=True)
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out.parent / f"{name}.log", "a", encoding="utf-8") as log:
+                if run_stage(command, log) != 0:
+                    sys.exit(f"[reproduce] the test of {name} failed: see {log.name}")
+        metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        test[name] = {key.split("/")[1]: value for key, value in metrics.items()
+                      if key.startswith("val-env/") and key.endswith("/success")}
+    print(f"[reproduce] test on {args.test_groups} start states per tag from {args.test_seed}: "
+          + ", ".join(f"{tag} {test['before'][tag]:.3f} -> {test['after'][tag]:.3f}" for tag in test["after"]),
+          flush=True)
+    return test
 
 
 def recorded_run(seed: int, run_dir: Path) -> dict:
@@ -217,16 +257,21 @@ def validation_baselines(recipe: str, overrides: list[str]) -> dict[str, dict]:
     return table
 
 
-def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dict]) -> dict:
-    """The results.json record; `baselines` from validation_baselines, on the same start states."""
+def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dict],
+              test_baselines: dict[str, dict] | None = None) -> dict:
+    """The results.json record; `baselines` from validation_baselines, on the same start states, and
+    `test_baselines` on the test's (`--test-seed`; None: no test, no "test" entry)."""
     tags = sorted({tag for run in runs.values() for tag in run["val"]})
-    table = {}
-    for tag in tags:
-        before = [run["val"][tag][min(run["val"][tag])] for run in runs.values()]
-        after = [run["val"][tag][max(run["val"][tag])] for run in runs.values()]
-        table[tag] = {"before": before, "after": after, "after_mean": statistics.mean(after),
-                      "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,  # sample std over seeds
-                      "before_mean": statistics.mean(before)}
+    table = {tag: success_row([run["val"][tag][min(run["val"][tag])] for run in runs.values()],
+                              [run["val"][tag][max(run["val"][tag])] for run in runs.values()]) for tag in tags}
+    tested = {seed: run["test"] for seed, run in runs.items() if run.get("test")}
+    test = {}
+    if test_baselines is not None:
+        test = {"test": {"test_seed": args.test_seed, "test_groups": args.test_groups, "seeds": list(tested),
+                         "untested": [seed for seed in runs if seed not in tested], "baselines": test_baselines,
+                         "success": {tag: success_row([t["before"][tag] for t in tested.values()],
+                                                      [t["after"][tag] for t in tested.values()])
+                                     for tag in tags} if tested else {}}}
     return {"recipe": recipe, **provenance(recipe, args.overrides, getattr(args, "machine", None)), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False),
             "warm_start_args": getattr(args, "warm_start_args", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
@@ -234,7 +279,14 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "interrupted": [seed for seed, run in runs.items() if not run.get("finished", True)],
             "baselines": baselines,
-            "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
+            "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}} | test
+
+
+def success_row(before: list[float], after: list[float]) -> dict:
+    """One tag's success before and after training, per seed, with the mean and sample std over seeds."""
+    spread = lambda values: statistics.stdev(values) if len(values) > 1 else 0.0  # noqa: E731
+    return {"before": before, "after": after, "after_mean": statistics.mean(after), "after_std": spread(after),
+            "before_mean": statistics.mean(before), "before_std": spread(before)}
 
 
 def markdown(summary: dict) -> str:
@@ -256,6 +308,7 @@ def markdown(summary: dict) -> str:
               f"wall time per run (min): {times}."]
     if stopped:
         lines += [f"Interrupted before their last step, read up to their last validation: seeds {stopped}."]
+    lines += test_markdown(summary["test"]) if "test" in summary else []
     lines += [
               f"Extra overrides: {summary['overrides'] or 'none'}.", "",
               "Echo-trap signals, mean of the first 5 training steps -> mean of the last 5:", "",
@@ -264,6 +317,27 @@ def markdown(summary: dict) -> str:
         cells = [f"{means[key][0]:.2f} -> {means[key][1]:.2f}" if key in means else "-" for key in SIGNALS]
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def test_markdown(test: dict) -> list[str]:
+    """The table of the final test (`--test-seed`), after the validation's."""
+    lines = ["", f"## Test: the model each run started from and its last checkpoint, greedy, on "
+                 f"{test['test_groups']} start states per tag from seed {test['test_seed']} (never validated on)", ""]
+    if test["untested"]:
+        lines += [f"Not tested (finished before `--test-seed` was given, their weights removed): seeds "
+                  f"{test['untested']}.", ""]
+    if not test["success"]:
+        return lines
+    lines += ["| tag | random | best constant move | oracle | before (mean ± std) | after (mean ± std) | "
+              "before -> after, per seed |", "|---|---|---|---|---|---|---|"]
+    for tag, row in test["success"].items():
+        base = test["baselines"][tag]
+        constant = f"{base['constant'][1]:.3f} ({base['constant'][0]})" if base["constant"] else "-"
+        oracle = "-" if base["oracle"] is None else f"{base['oracle']:.3f}"
+        per_seed = ", ".join(f"{seed}: {b:.3f} -> {a:.3f}" for seed, b, a in zip(test["seeds"], row["before"], row["after"]))
+        lines.append(f"| {tag} | {base['random']:.3f} | {constant} | {oracle} | {row['before_mean']:.3f} ± "
+                     f"{row['before_std']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
+    return lines
 
 
 def plot(runs: dict[int, dict], path: Path, recipe: str, baselines: dict[str, dict]) -> None:
@@ -355,6 +429,10 @@ def main() -> None:
                         "repeat it for several")
     parser.add_argument("--table", action="store_true",
                         help="train nothing: write the table from the runs in --out, finished or interrupted")
+    parser.add_argument("--test-seed", type=int,
+                        help="after each run, test its start model and last checkpoint on start states from this seed "
+                        "(pick one that no run, validation or choice has used)")
+    parser.add_argument("--test-groups", type=int, default=64, help="test start states per validation tag")
     parser.add_argument("--machine", help="the machine the runs were made on, for the table (default: this one)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
@@ -377,13 +455,18 @@ def main() -> None:
         rows = read_metrics(run_dir)
         runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
                       "wall_time_s": wall, "rows": rows, "code": record["code"],
-                      "finished": record.get("finished", True)}
+                      "finished": record.get("finished", True), "test": record.get("test")}
         if not runs[seed]["val"]:
             sys.exit(f"[reproduce] seed {seed}: no validation in {run_dir}/metrics.jsonl yet, nothing to tabulate")
         changes = [f"{tag} {c[min(c)]:.3f} -> {c[max(c)]:.3f}" for tag, c in runs[seed]["val"].items()]
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
+    test_baselines = None
+    if args.test_seed is not None:
+        test_baselines = validation_baselines(args.recipe, [*args.overrides, f"trainer.val_seed={args.test_seed}",
+                                                            f"es_manager.val.env_groups={args.test_groups * n_tags}"])
     summary = summarise(runs, args.recipe, args,
-                        validation_baselines(args.recipe, [f"trainer.val_seed={args.val_seed}", *overrides]))
+                        validation_baselines(args.recipe, [f"trainer.val_seed={args.val_seed}", *overrides]),
+                        test_baselines)
     (out / "results.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     (out / "results.md").write_text(markdown(summary), encoding="utf-8")
     plot(runs, out / "curve.png", args.recipe, summary["baselines"])

@@ -179,3 +179,58 @@ def test_the_table_of_interrupted_runs_says_so(tmp_path):
     assert summary["val_success"]["Bandit"]["after"] == [0.4, 0.6]  # seed 1: its last validation, step 0
     assert "Interrupted before their last step, read up to their last validation: seeds [1]." in \
         reproduce.markdown(summary)
+
+
+def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tmp_path, monkeypatch, capsys):
+    """`--test-seed`: the start model and the last checkpoint, each evaluated once on the test's start states, in
+    the run's own config; an evaluation already written is read back; the table gets a test section."""
+    run_dir = tmp_path / "runs" / "seed_1"
+    trainer = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_4'\n"
+               "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()")
+    monkeypatch.setattr(reproduce, "run_command",
+                        lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", trainer, str(run_dir)])
+    evaluations, real_run_stage = [], reproduce.run_stage
+
+    def fake_eval(command, log):  # ragen.eval, writing what it writes: metrics.json in hydra.run.dir
+        if "ragen.eval" not in command:
+            return real_run_stage(command, log)
+        evaluations.append(command)
+        out = Path(next(c for c in command if c.startswith("hydra.run.dir=")).split("=", 1)[1])
+        success = 0.25 if "model_path=/warm" in command else 0.75
+        (out / "metrics.json").write_text(json.dumps({"val-env/Bandit/success": 1.0, "val-env/BanditTest/success": success}))
+        return 0
+
+    monkeypatch.setattr(reproduce, "run_stage", fake_eval)
+    args = argparse.Namespace(val_seed=5, save_freq=1, test_seed=9_000, test_groups=16)
+    overrides = ["es_manager.val.env_groups=64", "model_path=/warm", "trainer.total_training_steps=4"]
+    record = reproduce.train("bandit", 1, run_dir, args, overrides)
+
+    assert record["test"] == {"before": {"Bandit": 1.0, "BanditTest": 0.25}, "after": {"Bandit": 1.0, "BanditTest": 0.75}}
+    before, after = evaluations
+    assert before[before.index("--config-name") + 1] == "bandit"
+    for command in evaluations:  # the run's overrides, the test's states (16 per tag, 2 tags), the validation's gone
+        assert {"trainer.total_training_steps=4", "trainer.val_seed=9000", "es_manager.val.env_groups=32"} <= set(command)
+        assert "es_manager.val.env_groups=64" not in command
+    assert "model_path=/warm" in before and f"model_path={run_dir / 'global_step_4'}" in after
+    assert "model_path=/warm" not in after
+    assert not (run_dir / "global_step_4").exists()  # tested, then removed
+    assert "BanditTest 0.250 -> 0.750" in capsys.readouterr().out
+
+    (run_dir / "global_step_4").mkdir()
+    (run_dir / "global_step_4" / "trainer_state.json").touch()
+    assert reproduce.final_test("bandit", run_dir, args, overrides) == record["test"]  # read back, not run again
+    assert len(evaluations) == 2
+
+    rows = fake_rows(1.0, 0.2)
+    runs = {1: {"train": {}, "wall_time_s": 60.0, "rows": rows, "code": ["abc1234"], "test": record["test"]},
+            2: {"train": {}, "wall_time_s": 60.0, "rows": rows, "code": ["abc1234"], "test": None}}
+    base = {tag: {"random": 0.5, "constant": None, "oracle": 1.0} for tag in ("Bandit", "BanditTest")}
+    val = {"Bandit": {0: 0.5, 10: 1.0}, "BanditTest": {0: 0.5, 10: 1.0}}
+    summary = reproduce.summarise({1: runs[1] | {"val": val}, 2: runs[2] | {"val": val}}, "bandit",
+                                  argparse.Namespace(val_seed=5, val_groups=64, overrides=[], test_seed=9_000,
+                                                     test_groups=16), base, base)
+    assert summary["test"]["seeds"] == [1] and summary["test"]["untested"] == [2]
+    assert summary["test"]["success"]["BanditTest"]["after"] == [0.75]
+    text = reproduce.markdown(summary)
+    assert "16 start states per tag from seed 9000" in text and "Not tested" in text
+    assert "| BanditTest | 0.500 | - | 1.000 | 0.250 ± 0.000 | 0.750 ± 0.000 | 1: 0.250 -> 0.750 |" in text
