@@ -434,7 +434,7 @@ def _validate_batch_sizes(cfg: RagenConfig, world_size: int) -> None:
         kept_groups = top_k_count(value, train.env_groups)
     elif strategy == "top_k_abs":
         kept_groups = min(int(value), train.env_groups)
-    else:  # top_p's and min_p's count varies from step to step: select_groups rounds it to whole mini-batches
+    else:  # top_p's and min_p's count varies from step to step: select_groups fills whole mini-batches where it can
         kept_groups = None
     for key, trainer in trainers:
         mini, micro = trainer.ppo_mini_batch_size, trainer.ppo_micro_batch_size_per_gpu

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from ragen.config import ConfigError, RagenConfig, validate
 from ragen.train import check_overrides, make_agent, pick_scale
 from verl.single_controller import LocalWorkerGroup
-from verl.utils.model import load_tokenizer, resolve_model_path
+from verl.utils.model import ModelNotFoundError, load_tokenizer, resolve_model_path
 from verl.utils.tracking import quiet_libraries, to_json, write_jsonl
 from verl.workers.actor import ActorRolloutRefWorker
 
@@ -62,6 +62,8 @@ def main(cfg) -> None:
         evaluate(OmegaConf.to_object(cfg), Path(HydraConfig.get().runtime.output_dir))
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    except ModelNotFoundError as e:
+        sys.exit(f"model not found: {e}")
 
 
 USAGE = """usage: python -m ragen.eval [--config-name RECIPE] [key=value ...]

@@ -225,9 +225,10 @@ def worker_backend(cfg: RagenConfig):
         return
     import ray
 
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(address=cfg.ray.address, include_dashboard=False, configure_logging=False)
-    stop_on_signals()  # ray.init put its own SIGTERM handler in place: an exit with no summary
     try:
+        signal.signal(signal.SIGTERM, on_sigterm)  # ray.init put its own in place: an exit without our summary
         yield
     finally:
         ray.shutdown()

@@ -59,18 +59,29 @@ def run_stage(command: list[str], log) -> int:
     """Run a stage (the warm start, a training run) in its own process group and return its exit code. If this
     script is interrupted (Ctrl-C, SIGTERM: see main), the stage gets what Ctrl-C would give it, SIGINT to its
     whole group, and STOP_GRACE_S to stop cleanly (the trainer shuts Ray down; killed outright, it left Ray's
-    agents running), then is killed; the interruption is raised again."""
+    agents running), then is killed; the interruption is raised again. Being in its own session, the stage is
+    not reached by signals to this script's group: `timeout -k` must allow more than STOP_GRACE_S."""
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
         return process.wait()
     except BaseException:
-        os.killpg(process.pid, signal.SIGINT)
+        signal_group(process, signal.SIGINT)
+        print(f"[reproduce] stopping the stage (up to {STOP_GRACE_S} s; Ctrl-C again kills it now)", flush=True)
         try:
             process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        except BaseException:  # the grace ran out, or a second Ctrl-C or SIGTERM came
+            signal_group(process, signal.SIGKILL)
             process.wait()
         raise
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to the process group of `process` (a stage started in its own session), if it still runs."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:  # it ended in between
+            pass
 
 
 def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides: list[str]) -> list[str]:
@@ -143,20 +154,20 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     return record
 
 
-def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict[str, dict[str, float]]:
-    """{"before"|"after": {tag: greedy success}}: the model the run started from (its `model_path` override, or
-    the recipe's) and the run's last checkpoint, each evaluated by `ragen.eval` with the run's overrides on
-    `args.test_groups` start states per tag from `args.test_seed`. An evaluation already written (an interrupted
-    test) is read back."""
+def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
+    """{"test_seed", "test_groups", "before"|"after": {tag: greedy success}}: the model the run started from (its
+    `model_path` override, or the recipe's) and the run's last checkpoint, each evaluated by `ragen.eval` with the
+    run's overrides on `args.test_groups` start states per tag from `args.test_seed` (in
+    `run_dir/test/<seed>x<groups>/`). An evaluation already written there (an interrupted test) is read back."""
     n_tags = len(validation_tags(recipe, overrides))
     last = latest_checkpoint(run_dir)
     if last is None:
         sys.exit(f"[reproduce] no checkpoint in {run_dir} to test")
     kept = [o for o in overrides if not o.startswith(("es_manager.val.env_groups=", "model_path="))]
     models = {"before": [o for o in overrides if o.startswith("model_path=")], "after": [f"model_path={last}"]}
-    test = {}
+    test = {"test_seed": args.test_seed, "test_groups": args.test_groups}
     for name, model in models.items():
-        out = run_dir / "test" / name
+        out = run_dir / "test" / f"{args.test_seed}x{args.test_groups}" / name
         if not (out / "metrics.json").is_file():
             command = [sys.executable, "-m", "ragen.eval", "--config-name", recipe, *kept, *model,
                        f"trainer.val_seed={args.test_seed}", f"es_manager.val.env_groups={args.test_groups * n_tags}",
@@ -264,7 +275,8 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
     tags = sorted({tag for run in runs.values() for tag in run["val"]})
     table = {tag: success_row([run["val"][tag][min(run["val"][tag])] for run in runs.values()],
                               [run["val"][tag][max(run["val"][tag])] for run in runs.values()]) for tag in tags}
-    tested = {seed: run["test"] for seed, run in runs.items() if run.get("test")}
+    tested = {seed: run["test"] for seed, run in runs.items() if run.get("test") and
+              (run["test"]["test_seed"], run["test"]["test_groups"]) == (args.test_seed, args.test_groups)}
     test = {}
     if test_baselines is not None:
         test = {"test": {"test_seed": args.test_seed, "test_groups": args.test_groups, "seeds": list(tested),
@@ -324,8 +336,8 @@ def test_markdown(test: dict) -> list[str]:
     lines = ["", f"## Test: the model each run started from and its last checkpoint, greedy, on "
                  f"{test['test_groups']} start states per tag from seed {test['test_seed']} (never validated on)", ""]
     if test["untested"]:
-        lines += [f"Not tested (finished before `--test-seed` was given, their weights removed): seeds "
-                  f"{test['untested']}.", ""]
+        lines += [f"Not tested on these states (finished before `--test-seed` was given or tested on others, "
+                  f"or not finished): seeds {test['untested']}.", ""]
     if not test["success"]:
         return lines
     lines += ["| tag | random | best constant move | oracle | before (mean ± std) | after (mean ± std) | "

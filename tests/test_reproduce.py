@@ -205,7 +205,8 @@ def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tm
     overrides = ["es_manager.val.env_groups=64", "model_path=/warm", "trainer.total_training_steps=4"]
     record = reproduce.train("bandit", 1, run_dir, args, overrides)
 
-    assert record["test"] == {"before": {"Bandit": 1.0, "BanditTest": 0.25}, "after": {"Bandit": 1.0, "BanditTest": 0.75}}
+    assert record["test"] == {"test_seed": 9_000, "test_groups": 16, "before": {"Bandit": 1.0, "BanditTest": 0.25},
+                              "after": {"Bandit": 1.0, "BanditTest": 0.75}}
     before, after = evaluations
     assert before[before.index("--config-name") + 1] == "bandit"
     for command in evaluations:  # the run's overrides, the test's states (16 per tag, 2 tags), the validation's gone
@@ -220,16 +221,19 @@ def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tm
     (run_dir / "global_step_4" / "trainer_state.json").touch()
     assert reproduce.final_test("bandit", run_dir, args, overrides) == record["test"]  # read back, not run again
     assert len(evaluations) == 2
+    other = argparse.Namespace(test_seed=9_500, test_groups=16)  # other states: evaluated anew, nothing mixed in
+    assert reproduce.final_test("bandit", run_dir, other, overrides)["test_seed"] == 9_500 and len(evaluations) == 4
 
     rows = fake_rows(1.0, 0.2)
     runs = {1: {"train": {}, "wall_time_s": 60.0, "rows": rows, "code": ["abc1234"], "test": record["test"]},
             2: {"train": {}, "wall_time_s": 60.0, "rows": rows, "code": ["abc1234"], "test": None}}
     base = {tag: {"random": 0.5, "constant": None, "oracle": 1.0} for tag in ("Bandit", "BanditTest")}
     val = {"Bandit": {0: 0.5, 10: 1.0}, "BanditTest": {0: 0.5, 10: 1.0}}
-    summary = reproduce.summarise({1: runs[1] | {"val": val}, 2: runs[2] | {"val": val}}, "bandit",
+    runs[3] = runs[2] | {"test": record["test"] | {"test_seed": 9_500}}  # tested on other states
+    summary = reproduce.summarise({seed: run | {"val": val} for seed, run in runs.items()}, "bandit",
                                   argparse.Namespace(val_seed=5, val_groups=64, overrides=[], test_seed=9_000,
                                                      test_groups=16), base, base)
-    assert summary["test"]["seeds"] == [1] and summary["test"]["untested"] == [2]
+    assert summary["test"]["seeds"] == [1] and summary["test"]["untested"] == [2, 3]
     assert summary["test"]["success"]["BanditTest"]["after"] == [0.75]
     text = reproduce.markdown(summary)
     assert "16 start states per tag from seed 9000" in text and "Not tested" in text
