@@ -349,7 +349,7 @@ def test_markdown(test: dict) -> list[str]:
         per_seed = ", ".join(f"{seed}: {b:.3f} -> {a:.3f}" for seed, b, a in zip(test["seeds"], row["before"], row["after"]))
         lines.append(f"| {tag} | {base['random']:.3f} | {constant} | {oracle} | {row['before_mean']:.3f} ± "
                      f"{row['before_std']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
-    return lines
+    return lines + [""]
 
 
 def plot(runs: dict[int, dict], path: Path, recipe: str, baselines: dict[str, dict]) -> None:
