@@ -81,6 +81,9 @@ class SokobanConfig:
     num_boxes: int = 1  # boxes (and targets) per room
     max_steps: int = 100  # valid actions before the episode is truncated
     search_depth: int = 30  # random reverse moves played from the solved state to make a level
+    # added to the reward of a move that changes nothing (into a wall, or a box against a wall or box): 0 as in
+    # gym-sokoban; negative makes a policy that repeats such a move (a loop, with one state shown) pay for each
+    noop_reward: float = 0.0
     # text symbols for: wall, floor, target, box on target, box, player, player on target
     symbols: str = LEGEND
     cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
@@ -403,6 +406,7 @@ class SokobanEnv(gymnasium.Env):
         moved, box_reward = self._move(ACTIONS[word])
         solved = self._solved()
         reward = STEP_REWARD + box_reward + (SOLVED_REWARD if solved else 0.0)
+        reward += 0.0 if moved else self.config.noop_reward
         truncated = not solved and self.num_steps >= self.config.max_steps
         observation, images = self._observation()
         return observation, float(reward), solved, truncated, step_info(True, moved, solved) | images

@@ -62,8 +62,8 @@ def reference_solve(grid: str, max_moves: int = 200) -> list[str] | None:
     return None
 
 
-def room_env(room: str, max_steps: int = 100) -> tuple[SokobanEnv, str]:
-    env = SokobanEnv(SokobanConfig(max_steps=max_steps))
+def room_env(room: str, max_steps: int = 100, **config) -> tuple[SokobanEnv, str]:
+    env = SokobanEnv(SokobanConfig(max_steps=max_steps, **config))
     obs, _ = env.reset(seed=0, options={"room": room})
     return env, obs
 
@@ -184,6 +184,15 @@ def test_truncates_after_max_steps_valid_actions():
     assert not any(terminated for _, _, terminated, _, _ in results)
     env.reset(seed=0, options={"room": "######\n#P_XO#\n######"})
     assert not env.step("Left")[3], "reset restarts the step count"
+
+
+def test_a_move_that_changes_nothing_costs_noop_reward():
+    env, _ = room_env("######\n#P_XO#\n######", noop_reward=-1.0)
+    assert env.step("Up")[1] == pytest.approx(-1.1)  # into the wall: the step and the no-op
+    assert env.step("Right")[1] == pytest.approx(-0.1)  # a step
+    assert env.step("Right")[1] == pytest.approx(10.9)  # the box home: no no-op cost
+    env, _ = room_env("######\n#P_XO#\n######")
+    assert env.step("Up")[1] == pytest.approx(-0.1)  # gym-sokoban's reward by default
 
 
 def test_truncation_does_not_hide_a_solve_on_the_last_step():
