@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 from ragen.overrides import load_config
-from verl.utils.checkpoint import latest_checkpoint
 from ragen.plot import read_metrics, series
+from verl.utils.checkpoint import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "reward std (batch)",
@@ -275,30 +275,34 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
     tags = sorted({tag for run in runs.values() for tag in run["val"]})
     table = {tag: success_row([run["val"][tag][min(run["val"][tag])] for run in runs.values()],
                               [run["val"][tag][max(run["val"][tag])] for run in runs.values()]) for tag in tags}
-    tested = {seed: run["test"] for seed, run in runs.items() if run.get("test") and
-              (run["test"]["test_seed"], run["test"]["test_groups"]) == (args.test_seed, args.test_groups)}
-    test = {}
-    if test_baselines is not None:
-        test = {"test": {"test_seed": args.test_seed, "test_groups": args.test_groups, "seeds": list(tested),
-                         "untested": [seed for seed in runs if seed not in tested], "baselines": test_baselines,
-                         "success": {tag: success_row([t["before"][tag] for t in tested.values()],
-                                                      [t["after"][tag] for t in tested.values()])
-                                     for tag in tags} if tested else {}}}
-    return {"recipe": recipe, **provenance(recipe, args.overrides, getattr(args, "machine", None)), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
+    summary = {"recipe": recipe, **provenance(recipe, args.overrides, getattr(args, "machine", None)), "seeds": list(runs), "val_seed": args.val_seed, "val_groups": args.val_groups,
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False),
             "warm_start_args": getattr(args, "warm_start_args", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "code": {seed: run["code"] for seed, run in runs.items()},
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "interrupted": [seed for seed, run in runs.items() if not run.get("finished", True)],
             "baselines": baselines,
-            "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}} | test
+            "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
+    if test_baselines is None:
+        return summary
+    tested = {seed: run["test"] for seed, run in runs.items() if run.get("test") and
+              (run["test"]["test_seed"], run["test"]["test_groups"]) == (args.test_seed, args.test_groups)}
+    success = {tag: success_row([t["before"][tag] for t in tested.values()], [t["after"][tag] for t in tested.values()])
+               for tag in tags} if tested else {}
+    summary["test"] = {"test_seed": args.test_seed, "test_groups": args.test_groups, "seeds": list(tested),
+                       "untested": [seed for seed in runs if seed not in tested], "baselines": test_baselines,
+                       "success": success}
+    return summary
 
 
 def success_row(before: list[float], after: list[float]) -> dict:
     """One tag's success before and after training, per seed, with the mean and sample std over seeds."""
-    spread = lambda values: statistics.stdev(values) if len(values) > 1 else 0.0  # noqa: E731
-    return {"before": before, "after": after, "after_mean": statistics.mean(after), "after_std": spread(after),
-            "before_mean": statistics.mean(before), "before_std": spread(before)}
+    return {"before": before, "after": after, "after_mean": statistics.mean(after), "after_std": sample_std(after),
+            "before_mean": statistics.mean(before), "before_std": sample_std(before)}
+
+
+def sample_std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def markdown(summary: dict) -> str:
@@ -309,10 +313,7 @@ def markdown(summary: dict) -> str:
              "after, per seed |", "|---|---|---|---|---|---|---|"]
     for tag, row in summary["val_success"].items():
         per_seed = ", ".join(f"{v:.3f}" for v in row["after"])
-        base = summary["baselines"][tag]
-        constant = f"{base['constant'][1]:.3f} ({base['constant'][0]})" if base["constant"] else "-"
-        oracle = "-" if base["oracle"] is None else f"{base['oracle']:.3f}"
-        lines.append(f"| {tag} | {base['random']:.3f} | {constant} | {oracle} | {row['before_mean']:.3f} | "
+        lines.append(f"| {tag} | {baseline_cells(summary['baselines'][tag])} | {row['before_mean']:.3f} | "
                      f"{row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
     times = ", ".join(f"{t / 60:.1f}" for t in summary["wall_time_s"].values())
     stopped = summary.get("interrupted")
@@ -343,13 +344,17 @@ def test_markdown(test: dict) -> list[str]:
     lines += ["| tag | random | best constant move | oracle | before (mean ± std) | after (mean ± std) | "
               "before -> after, per seed |", "|---|---|---|---|---|---|---|"]
     for tag, row in test["success"].items():
-        base = test["baselines"][tag]
-        constant = f"{base['constant'][1]:.3f} ({base['constant'][0]})" if base["constant"] else "-"
-        oracle = "-" if base["oracle"] is None else f"{base['oracle']:.3f}"
         per_seed = ", ".join(f"{seed}: {b:.3f} -> {a:.3f}" for seed, b, a in zip(test["seeds"], row["before"], row["after"]))
-        lines.append(f"| {tag} | {base['random']:.3f} | {constant} | {oracle} | {row['before_mean']:.3f} ± "
+        lines.append(f"| {tag} | {baseline_cells(test['baselines'][tag])} | {row['before_mean']:.3f} ± "
                      f"{row['before_std']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
     return lines + [""]
+
+
+def baseline_cells(base: dict) -> str:
+    """The random, best constant move and oracle cells of a table row, from validation_baselines."""
+    constant = f"{base['constant'][1]:.3f} ({base['constant'][0]})" if base["constant"] else "-"
+    oracle = "-" if base["oracle"] is None else f"{base['oracle']:.3f}"
+    return f"{base['random']:.3f} | {constant} | {oracle}"
 
 
 def plot(runs: dict[int, dict], path: Path, recipe: str, baselines: dict[str, dict]) -> None:
