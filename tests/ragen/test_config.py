@@ -450,7 +450,7 @@ def test_the_first_readme_environment_variables_become_overrides(capsys):
                                          "integer (the default is 200)"),
     ("trainer.val_before_train=maybe", "takes true or false (the default is true)"),
     ("actor_rollout_ref.actor.optim.lr=fast", "takes a number"),
-    ("algo=ppo", "algo=ppo is not a choice of algo: choose one of bi_level_gae, brpo, grpo, rloo, starpo, starpo_s "
+    ("algo=ppo", "algo=ppo is not a choice of algo: choose one of bi_level_gae, brpo, gigpo, grpo, rloo, starpo, starpo_s "
                  "(config/algo/); did you mean algo=grpo?"),
 ])
 def test_a_wrong_type_or_choice_is_one_line_before_hydra(override, message):
