@@ -12,10 +12,16 @@ each, as the policy), RAGEN's published number, and how the row was measured. A 
 and its row says so. A recipe of train.sh with no
 published reproduction gets a row that says so. The tables sit between the markers below; the rest of each
 file is left as it is, and tests/test_docs.py fails when a table is stale.
+
+The Sokoban ablation table (docs/recipes-and-results.md) is written the same way from `public/ablation.json`: one
+line per lever setting, each naming the folder of its `results.json` under `public/` and which model it reads
+(`before`: the run's start, `after`: its end) on which levels (`test`: the test start states of
+`reproduce.py --test-seed`, `val`: the validation ones), so every number in it is one that was measured.
 """
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +34,11 @@ DETAILS = {"README.md": "docs/recipes-and-results.md#results", "docs/recipes-and
 PAPER = {"Bandit": "100 %", "BanditTest": "100 %", "FrozenLake": "21.8 % (StarPO-S)", "CoordFrozenLake": "21.8 % (StarPO-S)",
          "CoordSokoban": "20.3 % (RL), 74.6 % (SFT)", "SimpleSokoban": "20.3 % (RL), 74.6 % (SFT)"}
 RECIPES = ["bandit", "frozen_lake", "sokoban", "countdown"]  # train.sh's recipes, in the README's order
+ABLATION = ROOT / "public" / "ablation.json"
+ABLATION_FILE = "docs/recipes-and-results.md"
+ABLATION_BEGIN = "<!-- ablation table: written by scripts/results_table.py from public/ablation.json -->"
+ABLATION_END = "<!-- end of ablation table -->"
+LEVERS = ["observation", "warm start", "RL", "filter", "curriculum", "other"]  # the columns ablation.json names
 
 
 def percent(share: float) -> str:
@@ -75,11 +86,31 @@ def table(results: dict[str, dict], details: str) -> str:
     return "\n".join(lines)
 
 
-def rewrite(text: str, new_table: str, name: str) -> str:
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{name}: needs exactly one {BEGIN!r} and one {END!r} line around its results table")
-    head, rest = text.split(BEGIN)
-    return f"{head}{BEGIN}\n{new_table}\n{END}{rest.split(END)[1]}"
+def ablation_table(spec: dict, published: Path) -> str:
+    """One line per entry of `spec["lines"]`: its levers, then the greedy success its results.json holds for the
+    named model (`before` | `after`) on the named levels (`test` | `val`), mean and per seed."""
+    lines = [f"| {' | '.join(LEVERS)} | levels | greedy success (per seed) | measured |",
+             "|" + "---|" * (len(LEVERS) + 3)]
+    for entry in spec["lines"]:
+        result = json.loads((published / entry["results"] / "results.json").read_text(encoding="utf-8"))
+        test = entry["levels"] == "test"
+        seed, groups = ((result["test"]["test_seed"], result["test"]["test_groups"]) if test
+                        else (result["val_seed"], result["val_groups"]))
+        row = (result["test"]["success"] if test else result["val_success"])[entry["tag"]]
+        scores = row[entry["model"]]
+        per_seed = ", ".join(percent(v) for v in scores)
+        spread = f" ± {100 * statistics.stdev(scores):.1f}" if len(scores) > 1 else ""  # the sample std, as reproduce.py's
+        levers = " | ".join(entry.get(lever, "—") for lever in LEVERS)
+        lines.append(f"| {levers} | {groups} from {seed:,} | **{percent(statistics.mean(scores))}**{spread} "
+                     f"({per_seed}) | `public/{entry['results']}/`, {entry['model']}; {result['machine']} |")
+    return "\n".join(lines)
+
+
+def rewrite(text: str, new_table: str, name: str, begin: str = BEGIN, end: str = END) -> str:
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise SystemExit(f"{name}: needs exactly one {begin!r} and one {end!r} line around its table")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{new_table}\n{end}{rest.split(end)[1]}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,10 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     args = parser.parse_args(argv)
     results, stale = load_results(RESULTS), []
+    ablation = ablation_table(json.loads(ABLATION.read_text(encoding="utf-8")), ABLATION.parent)
     for name, details in DETAILS.items():
         path = ROOT / name
         text = path.read_text(encoding="utf-8")
         new = rewrite(text, table(results, details), name)
+        if name == ABLATION_FILE:
+            new = rewrite(new, ablation, name, ABLATION_BEGIN, ABLATION_END)
         if new != text:
             stale.append(name)
             if not args.check:

@@ -170,6 +170,23 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
     assert "97.9 %" in page.read_text() and page.read_text().endswith("rest\n")
 
 
+def test_an_ablation_line_is_the_number_its_results_json_holds(tmp_path):
+    module = _results_table_module()
+    run = {"machine": "2 CPU cores", "val_seed": 111000000, "val_groups": 64,
+           "val_success": {"CoordSokoban": {"before": [0.9, 0.8], "after": [0.95, 0.85]}},
+           "test": {"test_seed": 113000000, "test_groups": 128,
+                    "success": {"CoordSokoban": {"before": [0.75, 0.8], "after": [0.875, 0.9]}}}}
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "results.json").write_text(json.dumps(run))
+    spec = {"lines": [{"observation": "grid_coord", "RL": "GiGPO", "results": "rl", "model": "after", "levels": "test",
+                       "tag": "CoordSokoban"},
+                      {"observation": "grid", "results": "rl", "model": "before", "levels": "val", "tag": "CoordSokoban"}]}
+    header, rule, test_line, val_line = module.ablation_table(spec, tmp_path).splitlines()
+    assert header.startswith("| observation | warm start | RL | filter | curriculum | other | levels |")
+    assert test_line == ("| grid_coord | — | GiGPO | — | — | — | 128 from 113,000,000 | **88.8 %** ± 1.8 (87.5 %, 90.0 %) | "
+                         "`public/rl/`, after; 2 CPU cores |")
+    assert val_line.startswith("| grid | — | — | — | — | — | 64 from 111,000,000 | **85.0 %** ± 7.1 (90.0 %, 80.0 %) |")
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TOP_KEYS = ("actor_rollout_ref", "trainer", "es_manager", "agent_proxy", "algorithm", "critic", "lora", "logging",
             "ray", "custom_envs", "model_path", "data", "eval", "optim", "model", "env", "training", "system", "hydra",
