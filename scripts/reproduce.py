@@ -148,10 +148,26 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     record = {"wall_time_s": wall, "command": command, "code": earlier["code"]}
     if getattr(args, "test_seed", None) is not None:
         record["test"] = final_test(recipe, run_dir, args, overrides)
+    if getattr(args, "keep_model", False):
+        record["model"] = str(keep_model(run_dir))
     for checkpoint in run_dir.glob("global_step_*"):  # the weights are not needed for the table; keep disk small
         shutil.rmtree(checkpoint)
     done.write_text(json.dumps(record), encoding="utf-8")
     return record
+
+
+def keep_model(run_dir: Path) -> Path:
+    """The last checkpoint's policy as a model folder beside the run (`<run>_model`, what `model_path=` and
+    `ragen.eval` load; its optimizer state left out), for tests on other start states after the run."""
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        sys.exit(f"[reproduce] no checkpoint in {run_dir} to keep")
+    kept = run_dir.with_name(run_dir.name + "_model")
+    shutil.rmtree(kept, ignore_errors=True)
+    policy = last / "actor_merged" if (last / "actor_merged").is_dir() else last / "actor"  # LoRA: the merged export
+    shutil.copytree(policy, kept, ignore=shutil.ignore_patterns("train_state_*"))
+    print(f"[reproduce] kept the trained policy in {kept}", flush=True)
+    return kept
 
 
 def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
@@ -450,6 +466,9 @@ def main() -> None:
                         help="after each run, test its start model and last checkpoint on start states from this seed "
                         "(pick one that no run, validation or choice has used)")
     parser.add_argument("--test-groups", type=int, default=64, help="test start states per validation tag")
+    parser.add_argument("--keep-model", action="store_true",
+                        help="keep each finished run's trained policy in <out>/runs/seed_<N>_model (~0.5 GB for the "
+                        "bundled model) to evaluate later on other start states; otherwise only the records stay")
     parser.add_argument("--machine", help="the machine the runs were made on, for the table (default: this one)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options

@@ -181,6 +181,23 @@ def test_the_table_of_interrupted_runs_says_so(tmp_path):
         reproduce.markdown(summary)
 
 
+def test_keep_model_keeps_the_last_policy_without_its_optimizer_state(tmp_path, monkeypatch):
+    run_dir = tmp_path / "runs" / "seed_1"
+    trainer = ("import pathlib, sys\n"
+               "for step in (3, 4):\n"
+               "    actor = pathlib.Path(sys.argv[1]) / f'global_step_{step}' / 'actor'; actor.mkdir(parents=True)\n"
+               "    (actor.parent / 'trainer_state.json').touch(); (actor / 'model.safetensors').write_text(str(step))\n"
+               "    (actor / 'train_state_rank0.pt').touch()")
+    monkeypatch.setattr(reproduce, "run_command",
+                        lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", trainer, str(run_dir)])
+    args = argparse.Namespace(val_seed=5, save_freq=1, keep_model=True)
+    record = reproduce.train("bandit", 1, run_dir, args, [])
+    kept = tmp_path / "runs" / "seed_1_model"
+    assert record["model"] == str(kept) and sorted(p.name for p in kept.iterdir()) == ["model.safetensors"]
+    assert (kept / "model.safetensors").read_text() == "4"  # the last checkpoint's
+    assert not list(run_dir.glob("global_step_*"))
+
+
 def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tmp_path, monkeypatch, capsys):
     """`--test-seed`: the start model and the last checkpoint, each evaluated once on the test's start states, in
     the run's own config; an evaluation already written is read back; the table gets a test section."""
