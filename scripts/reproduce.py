@@ -7,6 +7,7 @@ seed and never trained on. Pick a `--val-seed` no tuning run has seen to check a
 
 Writes to `--out` (default `results/<recipe>`):
 - `runs/seed_<S>/`: each run (metrics.jsonl, rollouts, plots, the last checkpoint's weights are removed);
+- `runs/seed_<S>_model/`: with `--keep-model`, that run's trained policy (a model folder for `model_path=`);
 - `results.md` and `results.json`: per validation tag, success before and after training, mean and standard
   deviation over the seeds and each seed's value, and the wall time per run;
 - `curve.png`: validation success against the training step, the seeds' mean with their min-max band, and
@@ -48,6 +49,7 @@ from pathlib import Path
 from ragen.overrides import load_config
 from ragen.plot import read_metrics, series
 from verl.utils.checkpoint import latest_checkpoint
+from verl.utils.model import ModelNotFoundError, checkpoint_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "reward std (batch)",
@@ -116,13 +118,18 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     done, started = bookkeeping(run_dir)
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
-        return json.loads(done.read_text(encoding="utf-8"))
+        record = json.loads(done.read_text(encoding="utf-8"))
+        if getattr(args, "keep_model", False) and "model" not in record:
+            print(f"[reproduce] seed {seed}: --keep-model keeps nothing: the run finished without it and its "
+                  "weights were removed", flush=True)
+        return record
     # The wall time of earlier sittings of this run is kept in command.json and added up.
     earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
     if earlier.get("command") == command and any(run_dir.glob("global_step_*/trainer_state.json")):
         print(f"[reproduce] seed {seed}: resuming the interrupted run in {run_dir}", flush=True)
     else:  # a different command, none yet, or one interrupted before its first checkpoint: start anew
         shutil.rmtree(run_dir, ignore_errors=True)  # this script's own run folder (a run starts in an empty one)
+        shutil.rmtree(kept_model(run_dir), ignore_errors=True)  # and the policy an earlier command kept
         done.unlink(missing_ok=True)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         earlier = {"command": command, "wall_time_s": earlier.get("wall_time_s", 0.0)
@@ -156,16 +163,27 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     return record
 
 
+def kept_model(run_dir: Path) -> Path:
+    return run_dir.with_name(run_dir.name + "_model")
+
+
 def keep_model(run_dir: Path) -> Path:
     """The last checkpoint's policy as a model folder beside the run (`<run>_model`, what `model_path=` and
     `ragen.eval` load; its optimizer state left out), for tests on other start states after the run."""
     last = latest_checkpoint(run_dir)
     if last is None:
         sys.exit(f"[reproduce] no checkpoint in {run_dir} to keep")
-    kept = run_dir.with_name(run_dir.name + "_model")
+    try:
+        policy = checkpoint_model(last)  # the actor, or a LoRA run's merged export
+    except ModelNotFoundError as error:
+        sys.exit(f"[reproduce] --keep-model: {error}")
+    if not (policy / "config.json").is_file():
+        sys.exit(f"[reproduce] --keep-model: no model folder (config.json) in {last}")
+    kept, partial = kept_model(run_dir), run_dir.with_name(run_dir.name + "_model.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(policy, partial, ignore=shutil.ignore_patterns("train_state_*"))
     shutil.rmtree(kept, ignore_errors=True)
-    policy = last / "actor_merged" if (last / "actor_merged").is_dir() else last / "actor"  # LoRA: the merged export
-    shutil.copytree(policy, kept, ignore=shutil.ignore_patterns("train_state_*"))
+    partial.rename(kept)  # whole or not at all, even if this script is killed meanwhile
     print(f"[reproduce] kept the trained policy in {kept}", flush=True)
     return kept
 

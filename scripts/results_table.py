@@ -34,7 +34,6 @@ DETAILS = {"README.md": "docs/recipes-and-results.md#results", "docs/recipes-and
 PAPER = {"Bandit": "100 %", "BanditTest": "100 %", "FrozenLake": "21.8 % (StarPO-S)", "CoordFrozenLake": "21.8 % (StarPO-S)",
          "CoordSokoban": "20.3 % (RL), 74.6 % (SFT)", "SimpleSokoban": "20.3 % (RL), 74.6 % (SFT)"}
 RECIPES = ["bandit", "frozen_lake", "sokoban", "countdown"]  # train.sh's recipes, in the README's order
-ABLATION = ROOT / "public" / "ablation.json"
 ABLATION_FILE = "docs/recipes-and-results.md"
 ABLATION_BEGIN = "<!-- ablation table: written by scripts/results_table.py from public/ablation.json -->"
 ABLATION_END = "<!-- end of ablation table -->"
@@ -92,15 +91,21 @@ def ablation_table(spec: dict, published: Path) -> str:
     lines = [f"| {' | '.join(LEVERS)} | levels | greedy success (per seed) | measured |",
              "|" + "---|" * (len(LEVERS) + 3)]
     for entry in spec["lines"]:
+        unknown = entry.keys() - {*LEVERS, "results", "model", "levels", "tag"}
+        if unknown or entry.get("model") not in ("before", "after") or entry.get("levels") not in ("test", "val"):
+            sys.exit(f"ablation line {entry}: the keys are {', '.join(LEVERS)}, results, tag, model (before | after) "
+                     f"and levels (test | val){'; unknown: ' + ', '.join(sorted(unknown)) if unknown else ''}")
         result = json.loads((published / entry["results"] / "results.json").read_text(encoding="utf-8"))
         test = entry["levels"] == "test"
+        if test and "test" not in result:
+            sys.exit(f"ablation line {entry}: public/{entry['results']}/results.json has no test (reproduce.py --test-seed)")
         seed, groups = ((result["test"]["test_seed"], result["test"]["test_groups"]) if test
                         else (result["val_seed"], result["val_groups"]))
         row = (result["test"]["success"] if test else result["val_success"])[entry["tag"]]
         scores = row[entry["model"]]
         per_seed = ", ".join(percent(v) for v in scores)
         spread = f" ± {100 * statistics.stdev(scores):.1f}" if len(scores) > 1 else ""  # the sample std, as reproduce.py's
-        levers = " | ".join(entry.get(lever, "—") for lever in LEVERS)
+        levers = " | ".join(entry.get(lever, "—").replace("|", "\\|") for lever in LEVERS)
         lines.append(f"| {levers} | {groups} from {seed:,} | **{percent(statistics.mean(scores))}**{spread} "
                      f"({per_seed}) | `public/{entry['results']}/`, {entry['model']}; {result['machine']} |")
     return "\n".join(lines)
@@ -118,12 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     args = parser.parse_args(argv)
     results, stale = load_results(RESULTS), []
-    ablation = ablation_table(json.loads(ABLATION.read_text(encoding="utf-8")), ABLATION.parent)
     for name, details in DETAILS.items():
         path = ROOT / name
         text = path.read_text(encoding="utf-8")
         new = rewrite(text, table(results, details), name)
         if name == ABLATION_FILE:
+            spec = ROOT / "public" / "ablation.json"
+            ablation = ablation_table(json.loads(spec.read_text(encoding="utf-8")), spec.parent)
             new = rewrite(new, ablation, name, ABLATION_BEGIN, ABLATION_END)
         if new != text:
             stale.append(name)

@@ -186,6 +186,14 @@ def test_an_ablation_line_is_the_number_its_results_json_holds(tmp_path):
     assert test_line == ("| grid_coord | — | GiGPO | — | — | — | 128 from 113,000,000 | **88.8 %** ± 1.8 (87.5 %, 90.0 %) | "
                          "`public/rl/`, after; 2 CPU cores |")
     assert val_line.startswith("| grid | — | — | — | — | — | 64 from 111,000,000 | **85.0 %** ± 7.1 (90.0 %, 80.0 %) |")
+    for wrong in ({"levels": "tests"}, {"model": "final"}, {"Filter": "top_p"}):  # refused, not shown as "—" or val
+        with pytest.raises(SystemExit, match="ablation line"):
+            module.ablation_table({"lines": [spec["lines"][0] | wrong]}, tmp_path)
+    del run["test"]
+    (tmp_path / "rl" / "results.json").write_text(json.dumps(run))
+    with pytest.raises(SystemExit, match="has no test"):
+        module.ablation_table(spec, tmp_path)
+
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TOP_KEYS = ("actor_rollout_ref", "trainer", "es_manager", "agent_proxy", "algorithm", "critic", "lora", "logging",

@@ -187,15 +187,22 @@ def test_keep_model_keeps_the_last_policy_without_its_optimizer_state(tmp_path, 
                "for step in (3, 4):\n"
                "    actor = pathlib.Path(sys.argv[1]) / f'global_step_{step}' / 'actor'; actor.mkdir(parents=True)\n"
                "    (actor.parent / 'trainer_state.json').touch(); (actor / 'model.safetensors').write_text(str(step))\n"
-               "    (actor / 'train_state_rank0.pt').touch()")
+               "    (actor / 'config.json').touch(); (actor / 'train_state_rank0.pt').touch()")
     monkeypatch.setattr(reproduce, "run_command",
                         lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", trainer, str(run_dir)])
     args = argparse.Namespace(val_seed=5, save_freq=1, keep_model=True)
     record = reproduce.train("bandit", 1, run_dir, args, [])
     kept = tmp_path / "runs" / "seed_1_model"
-    assert record["model"] == str(kept) and sorted(p.name for p in kept.iterdir()) == ["model.safetensors"]
+    assert record["model"] == str(kept) and sorted(p.name for p in kept.iterdir()) == ["config.json", "model.safetensors"]
     assert (kept / "model.safetensors").read_text() == "4"  # the last checkpoint's
     assert not list(run_dir.glob("global_step_*"))
+
+    lora = tmp_path / "lora" / "global_step_2"  # an adapter without a merged export is no model to keep
+    (lora / "actor").mkdir(parents=True)
+    (lora / "trainer_state.json").touch()
+    (lora / "actor" / "adapter_config.json").touch()
+    with pytest.raises(SystemExit, match="lora.save_merged=true"):
+        reproduce.keep_model(lora.parent)
 
 
 def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tmp_path, monkeypatch, capsys):

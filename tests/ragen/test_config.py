@@ -19,7 +19,7 @@ def test_recipes_compose_and_validate(recipe, scale):
     assert cfg.actor_rollout_ref.model.path == cfg.model_path
 
 
-@pytest.mark.parametrize("algo", ["starpo_s", "starpo", "grpo", "rloo", "brpo", "bi_level_gae"])
+@pytest.mark.parametrize("algo", ["starpo_s", "starpo", "grpo", "rloo", "brpo", "bi_level_gae", "gigpo"])
 @pytest.mark.parametrize("scale", ["cpu", "gpu"])
 def test_algorithm_recipes_compose_and_validate(algo, scale):
     validate(load("base", f"scale={scale}", f"algo={algo}"), world_size=1)
@@ -44,6 +44,19 @@ def test_the_bandit_recipe_is_rloo_and_an_algo_override_still_wins():
     assert bandit.algorithm.adv_estimator == "rloo" and bandit.actor_rollout_ref.rollout.rollout_filter_value == 1
     assert bandit.es_manager.val.env_configs.tags == ["Bandit", "BanditTest"]
     assert load("bandit", "algo=grpo").algorithm.adv_estimator == "grpo"
+
+
+def test_the_sokoban_recipe_is_gigpo_with_ragen2s_filter_and_another_algo_drops_both():
+    sokoban = load("sokoban")
+    kept = sokoban.actor_rollout_ref.rollout
+    assert sokoban.algorithm.adv_estimator == "gigpo" and sokoban.agent_proxy.use_turn_scores
+    assert (kept.rollout_filter_strategy, kept.rollout_filter_value, kept.rollout_filter_include_zero) == (
+        "top_p", 0.9, False)
+    assert (sokoban.es_manager.train.env_groups, sokoban.es_manager.train.group_size) == (8, 4)
+    grpo = load("sokoban", "algo=grpo")
+    kept = grpo.actor_rollout_ref.rollout
+    assert grpo.algorithm.adv_estimator == "grpo" and not grpo.agent_proxy.use_turn_scores
+    assert (kept.rollout_filter_strategy, kept.rollout_filter_include_zero) == ("top_k", True)
 
 
 def test_validation_start_states_never_overlap_training_ones():

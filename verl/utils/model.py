@@ -43,7 +43,7 @@ def resolve_model_path(model_path: str) -> str:
         return str(_bundled_model_folder(model_path.removeprefix(BUNDLED_PREFIX)))
     path = Path(model_path).expanduser()
     if path.exists():
-        path = _checkpoint_model(path)
+        path = checkpoint_model(path)
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"model_path={model_path!r} is a folder without config.json, "
                                      "so it is not a Hugging Face model folder")
@@ -83,7 +83,7 @@ def _check_hub_id(model_id: str) -> None:
                                  "the local Hugging Face cache already (`hf download <id>`)") from None
 
 
-def _checkpoint_model(path: Path) -> Path:
+def checkpoint_model(path: Path) -> Path:
     """A training checkpoint (`global_step_N/`) stands for its policy: the merged LoRA export if there is one,
     else the actor folder."""
     for candidate in (path / "actor_merged", path / "actor"):
