@@ -20,8 +20,9 @@ LIBRARY_NOISE = ("Loading weights", "Writing model shards", "LOAD REPORT", "Toke
 
 
 # plumbing runs at the sizes they were written for: the sokoban recipe's 8 groups (what the CPU recipe measured)
-# cut to 4, which keeps the suite's time; a test's own overrides come after
-TEST_SIZES = {"sokoban": ["es_manager.train.env_groups=4"]}
+# cut to 4, which keeps the suite's time; and RLOO, since the recipe's filter (gigpo's) keeps no group of a random
+# model, whose rewards never differ. A test's own overrides come after (a later algo= wins)
+TEST_SIZES = {"sokoban": ["es_manager.train.env_groups=4", "algo=rloo"]}
 
 
 def train_command(recipe: str, model_path: str, run_dir: Path, *overrides: str) -> list[str]:
@@ -140,8 +141,7 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
     """Also VAGEN's pieces through the real stack (plumbing: a random model writes no state span and rarely a tag,
     so its credits are 0; the credits and the narrowing are tested in test_world_model_reward.py and
     test_ppo_trainer.py): the world-model reply format and reward, TRICO's masks."""
-    # algo=rloo: the recipe's filter (gigpo's) keeps no group of a random model, whose rewards never differ
-    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local", "algo=rloo",
+    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=2", "agent_proxy.enable_think=true", "agent_proxy.reply_format=world_model",
           "agent_proxy.world_model_reward.observation=0.5", "agent_proxy.world_model_reward.prediction=0.5",
           "algorithm.loss_spans=[think,answer]", "algorithm.adv_spans=[think,answer,format]")
@@ -161,7 +161,7 @@ def test_sokoban_multi_turn_on_local_backend(tiny_model_path, tmp_path):
 def test_a_context_window_costs_no_rollout_gap(tiny_model_path, tmp_path):
     """The recipe shows one turn a prompt (max_context_window 1): the update scores each reply in that prompt, so
     with an fp32 engine its log-probs are the engine's (scored as one sequence they were off by up to 0.05)."""
-    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local", "algo=rloo",
+    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=1", "trainer.backend=local",
           "agent_proxy.max_turn=3", "trainer.val_before_train=false", "trainer.test_freq=-1",
           "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.model.dtype=float32")
     (metrics,) = read_metrics(tmp_path)

@@ -86,8 +86,7 @@ def test_the_venv_has_no_torch_and_its_server_plays_as_in_process(venv_python):
 
 
 def test_ragen_trains_two_steps_on_the_spawned_server(venv_python, tiny_model_path, tmp_path):
-    # algo=rloo: the recipe's filter (gigpo's) keeps no group of a random model, whose rewards never differ
-    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=2", "trainer.backend=local", "algo=rloo",
+    train("sokoban", tiny_model_path, tmp_path, "trainer.total_training_steps=2", "trainer.backend=local",
           "agent_proxy.max_turn=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
           f"es_manager.train.env_configs.tags=[{TAG}]", f"custom_envs.{TAG}.server.spawn=true",
           f"custom_envs.{TAG}.server.python={venv_python}")
