@@ -62,25 +62,24 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 
 def test_evaluates_tabulates_and_reads_back(tiny_model_path, tmp_path):
     out = tmp_path / "sokoban"
-    args = ["sokoban", tiny_model_path, "--groups", "2", "--out", str(out), "--boards", "as_trained,coord",
-            "agent_proxy.max_turn=2"]
+    args = ["sokoban", tiny_model_path, "--groups", "2", "--out", str(out), "--boards", "coord", "agent_proxy.max_turn=2"]
     run_script(*args)
     summary = json.loads((out / "results.json").read_text())
-    assert list(summary["boards"]) == ["as_trained", "coord"] and summary["groups"] == 2
-    for name, row in summary["boards"].items():
-        metrics = json.loads((out / name / "metrics.json").read_text())
-        assert row["success"] == metrics["val-env/CoordSokoban/success"] and 0 <= row["success"] <= 1
-        assert set(row["reference"]) == {"random", "constant", "oracle"} and row["reference"]["oracle"] == 1.0
-        records = [json.loads(line) for line in (out / name / "trajectories.jsonl").read_text().splitlines()]
-        assert len(records) == 2 and all(len(r["turns"]) <= 2 for r in records)
-    coord_state = json.loads((out / "coord" / "trajectories.jsonl").read_text().splitlines()[0])["turns"][0]["state"]
-    assert "Player: (" in coord_state and "#" not in coord_state  # the coordinates alone, no grid
-    table = (out / "results.md").read_text()
-    assert "| as trained |" in table and "| the coordinates alone (`observation_format=coord`) |" in table
+    assert list(summary["boards"]) == ["coord"] and summary["groups"] == 2
+    row, metrics = summary["boards"]["coord"], json.loads((out / "coord" / "metrics.json").read_text())
+    assert row["success"] == metrics["val-env/CoordSokoban/success"] and 0 <= row["success"] <= 1
+    assert set(row["reference"]) == {"random", "constant", "oracle"} and row["reference"]["oracle"] == 1.0
+    records = [json.loads(line) for line in (out / "coord" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(len(r["turns"]) <= 2 for r in records)
+    state = records[0]["turns"][0]["state"]
+    assert "Player: (" in state and "#" not in state  # the coordinates alone, no grid
+    assert "| the coordinates alone (`observation_format=coord`) |" in (out / "results.md").read_text()
 
-    again = run_script(*args)  # the same call reads both evaluations back
-    assert again.stdout.count("[boards] reusing") == 2 and "ragen.eval" not in again.stdout
+    again = run_script(*args)  # the same call reads the evaluation back
+    assert again.stdout.count("[boards] reusing") == 1 and "ragen.eval" not in again.stdout
     assert json.loads((out / "results.json").read_text())["boards"] == summary["boards"]
+    with pytest.raises(AssertionError, match="unknown boards"):
+        run_script("sokoban", tiny_model_path, "--out", str(out), "--boards", "coord,sideways")
 
     frozen = tmp_path / "frozen_lake"  # FrozenLake adds whether the moves depend on the map
     run_script("frozen_lake", tiny_model_path, "--groups", "2", "--out", str(frozen), "--boards", "grid",
