@@ -55,12 +55,13 @@ def boards(env_type: str, tag: str) -> dict[str, tuple[str, str, list[str]]]:
     }
 
 
-def evaluate(recipe: str, model: str, folder: Path, overrides: list[str]) -> dict:
-    """ragen.eval's metrics for `model` with `overrides`, in `folder`; read back if that command already ran there."""
+def evaluate(recipe: str, model: str, folder: Path, overrides: list[str]) -> tuple[dict, str]:
+    """(ragen.eval's metrics for `model` with `overrides`, in `folder`; the code they were measured with), read back
+    if that command already ran there."""
     command = [sys.executable, "-m", "ragen.eval", "--config-name", recipe, f"model_path={model}", *overrides,
                f"hydra.run.dir={folder}"]
-    done = folder / "command.json"
-    if (folder / "metrics.json").is_file() and done.is_file() and json.loads(done.read_text()) == command:
+    done = folder / "command.json"  # the command that wrote metrics.json, and the code it ran
+    if (folder / "metrics.json").is_file() and done.is_file() and json.loads(done.read_text())["command"] == command:
         print(f"[boards] reusing {folder}", flush=True)
     else:
         folder.mkdir(parents=True, exist_ok=True)
@@ -70,15 +71,16 @@ def evaluate(recipe: str, model: str, folder: Path, overrides: list[str]) -> dic
         with open(folder / "eval.log", "w", encoding="utf-8") as log:
             if run_stage(command, log) != 0:
                 sys.exit(f"[boards] the evaluation failed: see {folder / 'eval.log'}")
-        done.write_text(json.dumps(command), encoding="utf-8")
-    return json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+        done.write_text(json.dumps({"command": command, "code": code_version()}), encoding="utf-8")
+    return json.loads((folder / "metrics.json").read_text(encoding="utf-8")), json.loads(done.read_text())["code"]
 
 
-def board_result(recipe: str, env_type: str, folder: Path, overrides: list[str], metrics: dict) -> dict:
+def board_result(recipe: str, env_type: str, folder: Path, overrides: list[str], metrics: dict, code: str) -> dict:
     """One board's row: the policy's greedy figures and the reference agents on the same start states."""
     (tag,) = load_config(recipe, overrides).es_manager.val.env_configs.tags
     result = {key: metrics[f"val-env/{tag}/{key}"] for key in ("success", "valid_action_rate", "effective_action_rate")}
-    result |= {"tag": tag, "overrides": overrides, "reference": validation_baselines(recipe, overrides)[tag]}
+    result |= {"tag": tag, "overrides": overrides, "code": code,
+               "reference": validation_baselines(recipe, overrides)[tag]}
     if env_type == "frozen_lake":
         records = [json.loads(line) for line in (folder / "trajectories.jsonl").read_text().splitlines() if line]
         result["map_dependence"] = analyse(records, recipe, overrides)
@@ -93,7 +95,8 @@ def markdown(summary: dict) -> str:
     frozen_lake = summary["env_type"] == "frozen_lake"
     lines = [f"# `{summary['model']}` on boards it was not trained on", "",
              f"Recipe `{summary['recipe']}`, greedy, {summary['groups']} start states from {summary['val_seed']:,}; "
-             f"extra overrides: {summary['overrides'] or 'none'}; code {summary['code']}, {summary['date']}. "
+             f"extra overrides: {summary['overrides'] or 'none'}; code {', '.join(summary['code'])}, "
+             f"{summary['date']}. "
              "Success (%); the reference agents play one episode per start state"
              + (", the FrozenLake columns are exact expectations (scripts/map_dependence.py)." if frozen_lake else "."),
              ""]
@@ -151,11 +154,12 @@ def main() -> None:
             continue
         overrides = [f"es_manager.val.env_configs.tags=[{played}]", f"es_manager.val.env_groups={args.groups}",
                      f"trainer.val_seed={args.val_seed}", *args.overrides, *board]
-        metrics = evaluate(args.recipe, args.model, out / name, overrides)
-        results[name] = {"label": label} | board_result(args.recipe, env_type, out / name, overrides, metrics)
+        metrics, code = evaluate(args.recipe, args.model, out / name, overrides)
+        results[name] = {"label": label} | board_result(args.recipe, env_type, out / name, overrides, metrics, code)
         print(f"[boards] {label}: {pct(results[name]['success'])} %", flush=True)
     summary = {"recipe": args.recipe, "model": args.model, "env_type": env_type, "val_seed": args.val_seed,
-               "groups": args.groups, "overrides": args.overrides, "code": code_version(),
+               "groups": args.groups, "overrides": args.overrides,
+               "code": sorted({row["code"] for row in results.values()}),  # each evaluation's, read back or not
                "date": time.strftime("%Y-%m-%d"), "boards": results}
     (out / "results.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     (out / "results.md").write_text(markdown(summary), encoding="utf-8")

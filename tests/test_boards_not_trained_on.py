@@ -62,13 +62,15 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 
 def test_evaluates_tabulates_and_reads_back(tiny_model_path, tmp_path):
     out = tmp_path / "sokoban"
-    args = ["sokoban", tiny_model_path, "--groups", "2", "--out", str(out), "--boards", "coord", "agent_proxy.max_turn=2"]
+    args = ["sokoban", tiny_model_path, "--groups", "2", "--out", str(out), "--boards", "coord",
+            "agent_proxy.max_turn=2"]
     run_script(*args)
     summary = json.loads((out / "results.json").read_text())
     assert list(summary["boards"]) == ["coord"] and summary["groups"] == 2
     row, metrics = summary["boards"]["coord"], json.loads((out / "coord" / "metrics.json").read_text())
     assert row["success"] == metrics["val-env/CoordSokoban/success"] and 0 <= row["success"] <= 1
     assert set(row["reference"]) == {"random", "constant", "oracle"} and row["reference"]["oracle"] == 1.0
+    assert summary["code"] == [row["code"]] and row["code"]  # the commit the evaluation ran
     records = [json.loads(line) for line in (out / "coord" / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(len(r["turns"]) <= 2 for r in records)
     state = records[0]["turns"][0]["state"]
