@@ -13,8 +13,9 @@ scripts/reproduce.py computes them), and for FrozenLake whether the moves depend
 oracle's).
 
 Writes `<out>/<board>/` (ragen.eval's metrics.json, trajectories.jsonl and log), `<out>/results.json` and
-`<out>/results.md`. A board already evaluated in `<out>` by the same command is read back, so an interrupted call
-goes on where it stopped. Extra key=value overrides go to every board (give those the policy was trained with).
+`<out>/results.md`. A board already evaluated in `<out>` with the same model and overrides is read back, so an
+interrupted call goes on where it stopped. Extra key=value overrides go to every board (give those the policy
+was trained with).
 The variants are the alternatives to the recipes' board (`observation_format: grid_coord`, cells separated).
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts below, also when this file is imported
 from map_dependence import analyse  # noqa: E402
-from reproduce import ROOT, code_version, exit_on_sigterm, run_stage, validation_baselines  # noqa: E402
+from reproduce import ROOT, code_version, evaluate, exit_on_sigterm, validation_baselines  # noqa: E402
 
 from ragen.overrides import load_config  # noqa: E402
 
@@ -55,24 +56,20 @@ def boards(env_type: str, tag: str) -> dict[str, tuple[str, str, list[str]]]:
     }
 
 
-def evaluate(recipe: str, model: str, folder: Path, overrides: list[str]) -> tuple[dict, str]:
+def evaluate_board(recipe: str, model: str, folder: Path, overrides: list[str]) -> tuple[dict, str]:
     """(ragen.eval's metrics for `model` with `overrides`, in `folder`; the code they were measured with), read back
-    if that command already ran there."""
-    command = [sys.executable, "-m", "ragen.eval", "--config-name", recipe, f"model_path={model}", *overrides,
-               f"hydra.run.dir={folder}"]
-    done = folder / "command.json"  # the command that wrote metrics.json, and the code it ran
-    if (folder / "metrics.json").is_file() and done.is_file() and json.loads(done.read_text())["command"] == command:
+    if the same evaluation already ran there."""
+    done = folder / "board.json"  # what wrote metrics.json: the model and overrides, and the code it ran
+    asked = {"model": model, "overrides": overrides}
+    if done.is_file() and {key: json.loads(done.read_text())[key] for key in asked} == asked:
         print(f"[boards] reusing {folder}", flush=True)
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
+    else:  # none yet, or another evaluation's: evaluate anew
         done.unlink(missing_ok=True)
         (folder / "metrics.json").unlink(missing_ok=True)
-        print(f"[boards] {' '.join(command)}", flush=True)
-        with open(folder / "eval.log", "w", encoding="utf-8") as log:
-            if run_stage(command, log) != 0:
-                sys.exit(f"[boards] the evaluation failed: see {folder / 'eval.log'}")
-        done.write_text(json.dumps({"command": command, "code": code_version()}), encoding="utf-8")
-    return json.loads((folder / "metrics.json").read_text(encoding="utf-8")), json.loads(done.read_text())["code"]
+    metrics = evaluate(recipe, [f"model_path={model}", *overrides], folder, folder / "eval.log")
+    if not done.is_file():
+        done.write_text(json.dumps(asked | {"code": code_version()}), encoding="utf-8")
+    return metrics, json.loads(done.read_text())["code"]
 
 
 def board_result(recipe: str, env_type: str, folder: Path, overrides: list[str], metrics: dict, code: str) -> dict:
@@ -154,7 +151,7 @@ def main() -> None:
             continue
         overrides = [f"es_manager.val.env_configs.tags=[{played}]", f"es_manager.val.env_groups={args.groups}",
                      f"trainer.val_seed={args.val_seed}", *args.overrides, *board]
-        metrics, code = evaluate(args.recipe, args.model, out / name, overrides)
+        metrics, code = evaluate_board(args.recipe, args.model, out / name, overrides)
         results[name] = {"label": label} | board_result(args.recipe, env_type, out / name, overrides, metrics, code)
         print(f"[boards] {label}: {pct(results[name]['success'])} %", flush=True)
     summary = {"recipe": args.recipe, "model": args.model, "env_type": env_type, "val_seed": args.val_seed,

@@ -202,22 +202,28 @@ def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
     test = {"test_seed": args.test_seed, "test_groups": args.test_groups}
     for name, model in models.items():
         out = run_dir / "test" / f"{args.test_seed}x{args.test_groups}" / name
-        if not (out / "metrics.json").is_file():
-            command = [sys.executable, "-m", "ragen.eval", "--config-name", recipe, *kept, *model,
-                       f"trainer.val_seed={args.test_seed}", f"es_manager.val.env_groups={args.test_groups * n_tags}",
-                       f"hydra.run.dir={out}"]
-            print(f"[reproduce] test: {' '.join(command)}", flush=True)
-            out.mkdir(parents=True, exist_ok=True)
-            with open(out.parent / f"{name}.log", "a", encoding="utf-8") as log:
-                if run_stage(command, log) != 0:
-                    sys.exit(f"[reproduce] the test of {name} failed: see {log.name}")
-        metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        metrics = evaluate(recipe, [*kept, *model, f"trainer.val_seed={args.test_seed}",
+                                    f"es_manager.val.env_groups={args.test_groups * n_tags}"],
+                           out, out.parent / f"{name}.log")
         test[name] = {key.split("/")[1]: value for key, value in metrics.items()
                       if key.startswith("val-env/") and key.endswith("/success")}
     print(f"[reproduce] test on {args.test_groups} start states per tag from {args.test_seed}: "
           + ", ".join(f"{tag} {test['before'][tag]:.3f} -> {test['after'][tag]:.3f}" for tag in test["after"]),
           flush=True)
     return test
+
+
+def evaluate(recipe: str, overrides: list[str], out: Path, log_path: Path) -> dict:
+    """`python -m ragen.eval --config-name <recipe> <overrides>` in `out` (its trajectories.jsonl and metrics.json),
+    logged to `log_path`; returns the metrics. An evaluation already written in `out` is read back."""
+    if not (out / "metrics.json").is_file():
+        command = [sys.executable, "-m", "ragen.eval", "--config-name", recipe, *overrides, f"hydra.run.dir={out}"]
+        print(f"[reproduce] evaluate: {' '.join(command)}", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            if run_stage(command, log) != 0:
+                sys.exit(f"[reproduce] the evaluation in {out} failed: see {log_path}")
+    return json.loads((out / "metrics.json").read_text(encoding="utf-8"))
 
 
 def recorded_run(seed: int, run_dir: Path) -> dict:
