@@ -1,0 +1,69 @@
+"""scripts/sokoban_failures.py: how greedy Sokoban episodes fail, on episodes played in the real environment."""
+
+import functools
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ragen.envs import make_env
+from ragen.overrides import load_config
+
+REPO = Path(__file__).parents[1]
+spec = importlib.util.spec_from_file_location("sokoban_failures", REPO / "scripts" / "sokoban_failures.py")
+sokoban_failures = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sokoban_failures)
+
+
+@functools.cache
+def recipe_env():
+    env_spec = load_config("sokoban", []).custom_envs["CoordSokoban"]
+    return make_env(env_spec.env_type, dict(env_spec.env_config))
+
+
+def play(moves: list[str], seed: int) -> dict:
+    """One episode of the recipe's board, recorded as the trainer records it, playing `moves` one a turn."""
+    env = recipe_env()
+    state, _ = env.reset(seed=seed)
+    turns, success = [], False
+    for move in moves:
+        shown = state
+        state, _, terminated, truncated, info = env.step(move)
+        turns.append({"state": shown, "actions": [move], "action_effective": [bool(info["action_is_effective"])]})
+        success = success or bool(info["success"])
+        if terminated or truncated:
+            break
+    return {"seed": seed, "success": success, "turns": turns}
+
+
+def test_a_constant_move_gets_stuck_and_a_back_and_forth_walks_between_two_states():
+    constant = [play(["Up"] * 10, seed) for seed in range(20)]
+    assert any(not episode["success"] for episode in constant)
+    for episode in constant:
+        if not episode["success"]:  # ten turns on a 6 x 6 board: the last four all walk into the wall
+            assert sokoban_failures.failure_kind(episode, last=4) == "stuck"
+    walks = [play(["Left", "Right"] * 5, seed) for seed in range(20)]
+    walking = [episode for episode in walks if not episode["success"]
+               and all(turn["action_effective"] == [True] for turn in episode["turns"])]
+    assert walking  # some start states leave room to step left and back
+    assert all(sokoban_failures.failure_kind(episode, last=4) == "two-state walk" for episode in walking)
+    wandering = {"seed": 0, "success": False, "turns": [
+        {"state": s, "actions": [m], "action_effective": [True]} for s, m in zip("abcd", ["Up", "Left", "Down", "Up"])]}
+    assert sokoban_failures.failure_kind(wandering, last=4) == "other"
+
+
+def test_the_command_counts_each_kind_and_the_moves_that_changed_nothing(tmp_path):
+    episodes = [play(["Up"] * 10, seed) for seed in range(8)]
+    path = tmp_path / "episodes.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as out:
+        out.writelines(json.dumps(episode) + "\n" for episode in episodes)
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "sokoban_failures.py"), str(path),
+                             "--json", str(tmp_path / "figures.json")], capture_output=True, text=True, check=True)
+    figures = json.loads((tmp_path / "figures.json").read_text())[str(path)]
+    failed = sum(not episode["success"] for episode in episodes)
+    assert figures["failed"] == {"stuck": failed, "two-state walk": 0, "other": 0}
+    moves = [ok for episode in episodes for turn in episode["turns"] for ok in turn["action_effective"]]
+    assert abs(figures["noop_share"] - moves.count(False) / len(moves)) < 1e-9
+    assert f"solved {len(episodes) - failed} of {len(episodes)}" in result.stdout
