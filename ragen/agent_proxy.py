@@ -34,10 +34,8 @@ class Rollout:
 
 class AgentProxy:
     def __init__(self, config: AgentProxyConfig, sampling: SamplingParams, format_penalty: float, seed: int,
-                 actor_rollout_wg, env_manager: EnvStateManager, context: ContextManager, split: str = "train",
-                 noop_penalty: float = 0.0):
+                 actor_rollout_wg, env_manager: EnvStateManager, context: ContextManager, split: str = "train"):
         self.config, self.sampling, self.format_penalty, self.seed = config, sampling, format_penalty, seed
-        self.noop_penalty = noop_penalty
         self.actor_rollout_wg, self.env_manager, self.context, self.split = actor_rollout_wg, env_manager, context, split
         self.initial_seed = seed
 
@@ -80,8 +78,7 @@ class AgentProxy:
                                                                          parsed_replies, turn_records, strict=True):
                 trajectory = trajectories[state.env_id]
                 penalised = not parsed.format_ok or not all(record.valid)  # malformed, or an invalid action
-                penalty = self.format_penalty if penalised else self.noop_penalty if not all(record.effective) else 0.0
-                reward = task_reward = record.reward + penalty
+                reward = task_reward = record.reward + (self.format_penalty if penalised else 0.0)
                 world_model = {}
                 if scored:  # state.obs is now the state after the turn's actions
                     world_model = turn_credits(reply, shown, state.obs, world.credit)

@@ -65,10 +65,6 @@ class EnvGroupsConfig:
 @dataclass
 class EsManagerConfig:
     format_penalty: float = -0.1  # added to a turn's reward when the reply is malformed or an action is invalid
-    # added to a well-formed turn's reward when one of its valid actions changed nothing (the env's
-    # action_is_effective: Sokoban's walk into a wall, a push against one), so that a policy stuck repeating it
-    # scores below one that moves; 0 leaves the env's rewards alone
-    noop_penalty: float = 0.0
     env_step_timeout_s: float | None = None  # an env.step() running longer fails its trajectory; null: no limit
     max_env_failure_share: float = 0.25  # stop the run when more of a rollout's trajectories failed in env.step
     train: EnvGroupsConfig = field(default_factory=EnvGroupsConfig)
@@ -270,8 +266,6 @@ def _validate_rollout(cfg: RagenConfig) -> None:
            "actor_rollout_ref.rollout.max_model_len must exceed response_length")
     _check(math.isfinite(cfg.es_manager.format_penalty) and cfg.es_manager.format_penalty <= 0,
            "es_manager.format_penalty must be finite and <= 0 (it is added to a malformed turn's reward)")
-    _check(math.isfinite(cfg.es_manager.noop_penalty) and cfg.es_manager.noop_penalty <= 0,
-           "es_manager.noop_penalty must be finite and <= 0 (it is added to a turn whose action changed nothing)")
     _check(proxy.max_turn >= 1, "agent_proxy.max_turn must be >= 1")
     _check(proxy.max_actions_per_turn >= 1, "agent_proxy.max_actions_per_turn must be >= 1")
     _check(bool(proxy.action_sep.strip()), "agent_proxy.action_sep must not be blank")

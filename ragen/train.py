@@ -207,7 +207,7 @@ def make_agent(cfg: RagenConfig, split: str, actor_rollout_wg, tokenizer) -> Age
     sampling = SamplingParams(temperature=knobs.temperature, top_p=knobs.top_p, top_k=knobs.top_k,
                               max_new_tokens=rollout.response_length, stop=[ANSWER_CLOSE])
     return AgentProxy(cfg.agent_proxy, sampling, cfg.es_manager.format_penalty, seed, actor_rollout_wg,
-                      env_manager, context, split, noop_penalty=cfg.es_manager.noop_penalty)
+                      env_manager, context, split)
 
 
 def stop_on_signals() -> None:

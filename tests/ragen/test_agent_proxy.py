@@ -26,8 +26,7 @@ class ScriptedPolicy:
                                            "response_log_probs": [[-1.0] * len(self.ids) for _ in range(len(prompts))]})
 
 
-def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, split="train", response_length=400,
-               noop_penalty=0.0):
+def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, split="train", response_length=400):
     config = AgentProxyConfig(max_turn=max_turn, max_actions_per_turn=1)
     env_manager = EnvStateManager(EnvGroupsConfig(env_groups=2, group_size=2, env_configs=EnvMixConfig([tag], [2])),
                                   {tag: env}, seed=0)
@@ -35,7 +34,7 @@ def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, spli
                                       max_model_len=max_model_len)
     policy = ScriptedPolicy(tokenizer, reply)
     sampling = SamplingParams(max_new_tokens=response_length)
-    return AgentProxy(config, sampling, -0.1, 0, policy, env_manager, context, split, noop_penalty), policy
+    return AgentProxy(config, sampling, -0.1, 0, policy, env_manager, context, split), policy
 
 
 def test_loop_stops_as_soon_as_every_env_is_done(tokenizer):
@@ -62,21 +61,6 @@ def test_malformed_replies_get_the_format_penalty_every_turn(tokenizer):
 
 
 SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=10)
-
-
-def test_a_move_that_changes_nothing_takes_the_noop_penalty(tokenizer):
-    """Walking Left into the wall over and over: every turn whose move changed nothing gets `noop_penalty` on top of
-    Sokoban's step cost, a move that did something only the step cost; the default charges nothing."""
-    for penalty in (-0.5, 0.0):
-        proxy, _ = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Left</answer>", max_turn=6,
-                              noop_penalty=penalty)
-        turns = [turn for record in proxy.rollout(step=1).records for turn in record["turns"]]
-        noops = [turn for turn in turns if turn["action_effective"] == [False]]
-        assert noops and len(noops) < len(turns)  # the player walks left until the wall stops it
-        for turn in turns:
-            assert turn["action_valid"] == [True]
-            moved = turn["action_effective"] == [True]
-            assert turn["reward"] == pytest.approx(-0.1 if moved else -0.1 + penalty, abs=1e-6) or turn["done"]
 
 
 def test_an_invalid_action_takes_the_format_penalty_and_never_beats_a_valid_move(tokenizer):

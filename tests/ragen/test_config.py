@@ -241,7 +241,6 @@ OUT_OF_RANGE = [  # (override, the key the message must name); each once crashed
     ("critic.optim.lr=nan", "critic.optim.lr"),
     ("es_manager.format_penalty=nan", "es_manager.format_penalty"),
     ("es_manager.format_penalty=5", "es_manager.format_penalty"),
-    ("es_manager.noop_penalty=0.5", "es_manager.noop_penalty"),
     ("trainer.test_freq=0", "trainer.test_freq"),
     ("actor_rollout_ref.actor.entropy_coeff=-1", "actor_rollout_ref.actor.entropy_coeff"),
     ("actor_rollout_ref.actor.kl_loss_coef=inf", "actor_rollout_ref.actor.kl_loss_coef"),
