@@ -17,7 +17,11 @@ number (turn k of every episode looks alike); per-move rows carry the state the 
 `--noise P` (per-move only; DART, Laskey et al. 2017) each turn plays a random move instead of the expert's with
 probability P, and that move is no sample: the expert's replies from the states it leads to are, so the data
 holds states off the expert's path (after a wrong push, beside a wall) and the way back from them. A state the
-oracle cannot solve any more (a box pushed into a corner) gives no samples. Train and test seeds never
+oracle cannot solve any more (a box pushed into a corner) gives no samples. With `--learner MODEL` (per-move
+only; DAgger, Ross et al. 2011) that model plays, sampled as validation samples it (`rollout.val_kwargs`: greedy
+by default), and the expert's reply at every state it reaches is a sample: the states a trained policy really
+gets into, its mistakes included (a move into a wall repeated until the action budget ends), labelled with the
+way on; append them to the expert data and train on (sft/warm_start.sh --dagger). Train and test seeds never
 overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records
 the recipe and a fingerprint of the tokenizer; the SFT trainer refuses data made with another tokenizer.
 Image envs (`image_observation`, with a vision-language `model_path`): each per-move row also holds its prompt's
@@ -32,13 +36,15 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ragen.config import CONFIG_DIR, AgentProxyConfig, EnvGroupsConfig, EnvMixConfig, RagenConfig
+from ragen.context_manager import reply_text
 from ragen.overrides import load_config
 from ragen.create_data import write_parquet
 from ragen.env_state_manager import EnvState, EnvStateManager
@@ -46,7 +52,9 @@ from ragen.envs.baselines import ORACLE_PLANS
 from ragen.envs.utils import png_bytes
 from ragen.train import make_agent
 from verl.protocol import DataProto
+from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
+from verl.workers.actor import ActorRolloutRefWorker
 
 EPISODES_PER_ROLLOUT = 64  # environments played side by side
 
@@ -59,30 +67,38 @@ class ExpertPolicy:
     """
 
     def __init__(self, env_manager: EnvStateManager, tokenizer, config: AgentProxyConfig, seed: int = 0,
-                 describe_state: bool = False, noise: float = 0.0):
+                 describe_state: bool = False, noise: float = 0.0, learner=None, learner_sampling=None):
         self.env_manager, self.tokenizer, self.config = env_manager, tokenizer, config
         self.describe_state = describe_state  # the thought first says where things are (the env's describe())
         self.noise = noise  # the chance that a turn plays a random move instead of the expert's
+        self.learner = learner  # a worker group whose replies are played instead of the expert's (DAgger)
+        self.learner_sampling = learner_sampling  # its sampling knobs (rollout.val_kwargs)
         self.rng = np.random.default_rng([seed, 2])
-        # env id -> (prompt ids, reply ids, the oracle's own reply?, the prompt's pictures) per turn
-        self.moves: dict[int, list[tuple[list[int], list[int], bool, list[np.ndarray]]]] = {}
+        # env id -> (prompt ids, reply ids, the oracle's own reply?, the prompt's pictures, its actions) per turn
+        self.moves: dict[int, list[tuple[list[int], list[int], bool, list[np.ndarray], list[str]]]] = {}
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         active = [state for state in self.env_manager.states if not state.done]
         assert len(active) == len(prompts), "the prompts are those of the unfinished environments, in order"
         replies = [self.reply(state) for state in active]
         # the prompt already ends with the forced opening tag; the reply continues after it, like a sampled one
-        ids = [self.tokenizer.encode(text, add_special_tokens=False) for text, _ in replies]
+        ids = [self.tokenizer.encode(text, add_special_tokens=False) for text, *_ in replies]
         pictures = prompts.non_tensor_batch.get("prompt_images", [[]] * len(active))  # image envs: each prompt's
-        for state, prompt, reply_ids, (_, expert), shown in zip(active, prompts.non_tensor_batch["prompt_ids"], ids,
-                                                                replies, pictures):
-            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids, expert, list(shown)))
+        for state, prompt, reply_ids, (_, expert, actions), shown in zip(
+                active, prompts.non_tensor_batch["prompt_ids"], ids, replies, pictures):
+            self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids, expert, list(shown), actions))
+        if self.learner is not None:  # the learner's replies are played; the expert's above are the samples
+            knobs = self.learner_sampling
+            sampling = replace(prompts.meta_info["sampling"], temperature=knobs.temperature, top_p=knobs.top_p,
+                               top_k=knobs.top_k)
+            return self.learner.generate_sequences(DataProto(non_tensor_batch=dict(prompts.non_tensor_batch),
+                                                             meta_info={"sampling": sampling}))
         # written, not sampled: no rollout log-probs (the SFT data keeps only the text)
         return DataProto(non_tensor_batch={"response_ids": ids, "response_log_probs": [[0.0] * len(r) for r in ids]})
 
-    def reply(self, state: EnvState) -> tuple[str, bool]:
-        """(the reply, whether it is the oracle's): its next actions (as many as one turn may hold), or a random
-        one where it has no plan or the turn is a noisy one."""
+    def reply(self, state: EnvState) -> tuple[str, bool, list[str]]:
+        """(the reply, whether it is the oracle's, its actions): the oracle's next actions (as many as one turn may
+        hold), or a random one where it has no plan or the turn is a noisy one."""
         env = state.env.unwrapped
         if type(env) not in ORACLE_PLANS:
             raise ValueError(f"no oracle for {type(env).__name__} (env tag {state.tag!r}); add its planner to "
@@ -92,14 +108,14 @@ class ExpertPolicy:
         actions = plan if expert else [env.sample_action(self.rng)]
         answer = f"{f' {self.config.action_sep} '.join(actions)}</answer>"
         if not self.config.enable_think:  # the prompt already opened <answer>
-            return answer, expert
+            return answer, expert, actions
         thought = f"The best next action{'s are' if len(actions) > 1 else ' is'} {', '.join(actions)}."
         if self.describe_state:
             if not hasattr(env, "describe"):
                 raise ValueError(f"--describe-state needs a describe() method on {type(env).__name__} "
                                  f"(env tag {state.tag!r}), which says where things are in words")
             thought = f"{env.describe()} {thought}"
-        return f"{thought}</think><answer>{answer}", expert
+        return f"{thought}</think><answer>{answer}", expert, actions
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -110,14 +126,18 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False,
-                    per_move: bool = False, noise: float = 0.0) -> pa.Table:
+                    per_move: bool = False, noise: float = 0.0, learner: str | None = None) -> pa.Table:
     """One row per seed: the oracle's episode from that start state, as the RL loop records it; with
     `per_move`, one row per move instead (its prompt as the model saw it, the reply, the loss on the reply), the
-    moves of a turn made random (with probability `noise`) left out."""
+    moves of a turn made random (with probability `noise`) left out; with `learner` (a model path), that model
+    plays and the oracle's reply at each state it reaches is the row's."""
     if not 0.0 <= noise < 1.0:
         raise ValueError(f"--noise {noise} must be in [0, 1)")
     if noise and not per_move:
         raise ValueError("--noise needs --per-move: a whole-episode row would teach its random moves too")
+    if learner is not None and (noise or not per_move):
+        raise ValueError("--learner needs --per-move (the expert's replies are the samples, the learner's are "
+                         "played) and no --noise (the learner's own mistakes are the moves off the expert's path)")
     if describe_state and not cfg.agent_proxy.enable_think:
         raise ValueError("--describe-state writes the description into the thought: it needs "
                          "agent_proxy.enable_think=true")
@@ -128,6 +148,15 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
     cfg = copy.deepcopy(cfg)  # the batches below rewrite its env groups and seed
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+    learner_wg = None
+    if learner is not None:
+        learner_cfg = copy.deepcopy(cfg.actor_rollout_ref)
+        learner_cfg.model.path = resolve_model_path(learner)
+        if tokenizer_fingerprint(load_tokenizer(learner_cfg.model.path)) != tokenizer_fingerprint(tokenizer):
+            raise ValueError(f"--learner {learner} has another tokenizer than model_path={cfg.model_path!r}, for "
+                             "which the data is tokenized: pass model_path= of the model the learner was trained from")
+        learner_wg = LocalWorkerGroup(ActorRolloutRefWorker, learner_cfg)
+        learner_wg.init_model()
     tags = cfg.es_manager.train.env_configs.tags
     columns: dict[str, list] = {key: [] for key in ("tag", "seed", "split", "success", "reward", "num_turns",
                                                    "input_ids", "loss_mask", "text", "turns", "images")}
@@ -148,17 +177,22 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
         cfg.trainer.seed = start
         agent = make_agent(cfg, "train", None, tokenizer)
         expert = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
-                              describe_state=describe_state, noise=noise)
+                              describe_state=describe_state, noise=noise, learner=learner_wg,
+                              learner_sampling=cfg.actor_rollout_ref.rollout.val_kwargs)
         agent.actor_rollout_wg = expert
         rollout = agent.rollout(step=0)
         lengths = rollout.batch.batch["attention_mask"].sum(-1).tolist()
         for i, record in enumerate(rollout.records):
             if per_move:  # the loop plays env i's turns in order, so its k-th move answered turn k
-                for (prompt, reply, oracle, shown), turn in zip(expert.moves[record["env_id"]], record["turns"]):
+                for (prompt, reply, oracle, shown, actions), turn in zip(expert.moves[record["env_id"]],
+                                                                          record["turns"]):
+                    if learner_wg is not None:  # the turn the learner played, as the expert answers it
+                        turn = {"state": turn["state"], "response": reply_text(tokenizer, reply, agent.context.reply_open),
+                                "format_ok": True, "actions": actions, "played": turn["actions"]}
                     if oracle:
                         add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn], shown)
                 continue
-            if any(shown for *_, shown in expert.moves[record["env_id"]]):
+            if any(shown for _, _, _, shown, _ in expert.moves[record["env_id"]]):
                 raise ValueError("whole-episode rows do not carry pictures: generate the data of an image env "
                                  "with --per-move")
             ids = rollout.batch.batch["input_ids"][i, :lengths[i]].tolist()
@@ -168,8 +202,25 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
     metadata = {"ragen.tokenizer": tokenizer_fingerprint(tokenizer), "ragen.model_path": cfg.model_path,
                 "ragen.agent_proxy": json.dumps(asdict(cfg.agent_proxy)), "ragen.tags": json.dumps(list(tags)),
                 "ragen.describe_state": json.dumps(describe_state), "ragen.per_move": json.dumps(per_move),
-                "ragen.noise": json.dumps(noise)}
+                "ragen.noise": json.dumps(noise), "ragen.learner": json.dumps(learner)}
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+
+
+def appended(earlier: pa.Table, new: pa.Table, path: Path) -> pa.Table:
+    """`earlier`'s rows, then `new`'s, under `new`'s metadata; refused unless both are samples of the same recipe
+    (env tags, reply format) for the same tokenizer, from start states none of them share."""
+    before = {k.decode(): v.decode() for k, v in (earlier.schema.metadata or {}).items()}
+    after = {k.decode(): v.decode() for k, v in new.schema.metadata.items()}
+    for key in ("ragen.tokenizer", "ragen.tags", "ragen.agent_proxy", "ragen.per_move", "ragen.describe_state"):
+        if before.get(key) != after[key]:
+            raise ValueError(f"--append-to {path} was made with another {key.removeprefix('ragen.')} "
+                             f"({before.get(key)} here, {after[key]} now): give this call the overrides and options "
+                             "that made it")
+    shared = set(earlier.column("seed").to_pylist()) & set(new.column("seed").to_pylist())
+    if shared:
+        raise ValueError(f"--append-to {path} already holds start states {min(shared)}..{max(shared)}: give --seed "
+                         "a start past its seeds")
+    return pa.concat_tables([earlier.select(new.column_names).cast(new.schema), new])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -189,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--noise", type=float, default=0.0,
                         help="with --per-move: the chance that a turn plays a random move (not a sample), so that "
                              "the expert's replies from states off its path are samples too (DART)")
+    parser.add_argument("--learner", help="with --per-move: a model (a warm start's folder) that plays instead of "
+                                           "the expert, sampled as in validation; the expert's reply at each state "
+                                           "it reaches is a sample (DAgger)")
+    parser.add_argument("--append-to", type=Path,
+                        help="an earlier train.parquet of the same recipe and tokenizer: the new train.parquet holds "
+                             "its rows, then the new ones (DAgger's aggregated data); their seeds must not overlap")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. agent_proxy.max_turn=3")
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 0:
@@ -211,12 +268,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         start = time.perf_counter()
         table = expert_episodes(load_config(args.env, args.overrides), seeds, split, args.describe_state,
-                                args.per_move, args.noise)
+                                args.per_move, args.noise, args.learner)
+        if split == "train" and args.append_to:
+            table = appended(pq.read_table(args.append_to), table, args.append_to)
         write_parquet(table, output / f"{split}.parquet")
         episodes = {seed: ok for seed, ok in zip(table.column("seed").to_pylist(), table.column("success").to_pylist())}
         tokens = sum(len(ids) for ids in table.column("input_ids").to_pylist())
         rows = f"{table.num_rows} moves of {len(episodes)} episodes" if args.per_move else f"{table.num_rows} episodes"
-        print(f"{output / f'{split}.parquet'}: {rows}, {tokens} tokens, oracle success "
+        print(f"{output / f'{split}.parquet'}: {rows}, {tokens} tokens, "
+              f"{'the learner' if args.learner else 'oracle'} success "
               f"{np.mean(list(episodes.values())):.3f} ({time.perf_counter() - start:.1f} s)", flush=True)
 
 

@@ -168,6 +168,45 @@ def test_noisy_turns_are_played_but_not_samples(bundled_model_path):
         expert_episodes(cfg, seeds, "train", per_move=True, noise=1.0)
 
 
+def test_a_learner_plays_and_the_expert_labels_the_states_it_reaches(bundled_model_path, tiny_model_path):
+    """--learner (DAgger): the model's replies are played (a random model's garble moves nothing, so it stays at
+    the start and every turn is a sample of the start state), each sample is the oracle's reply there."""
+    from ragen.envs.sokoban import solve_env
+
+    cfg = load_config("sokoban", ["agent_proxy.max_turn=3"])
+    seeds = range(500, 504)
+    table = expert_episodes(cfg, seeds, "train", per_move=True, learner=tiny_model_path)
+    assert json.loads(table.schema.metadata[b"ragen.learner"]) == tiny_model_path
+    rows = table.to_pylist()
+    assert sorted({row["seed"] for row in rows}) == list(seeds) and len(rows) == 3 * len(seeds)  # 3 turns each
+    spec = cfg.custom_envs["CoordSokoban"]
+    env = make_env(spec.env_type, dict(spec.env_config))
+    for row in rows:
+        (turn,) = json.loads(row["turns"])
+        obs, _ = env.reset(seed=row["seed"])
+        assert turn["state"] == obs  # the learner moved nothing
+        assert turn["actions"] == solve_env(env.unwrapped)[:1] != turn["played"]
+        assert row["text"].endswith(f"<|im_start|>assistant\n<answer>{turn['actions'][0]}</answer>")
+        assert turn["response"] == f"<answer>{turn['actions'][0]}</answer>"
+    with pytest.raises(ValueError, match="--learner needs --per-move"):
+        expert_episodes(cfg, seeds, "train", learner=tiny_model_path)
+
+
+def test_append_to_aggregates_data_of_one_recipe_on_other_start_states(tmp_path, bundled_model_path):
+    """--append-to (DAgger's aggregate): the earlier rows, then the new; refused for another recipe's rows or shared
+    start states, which would mix formats or count a level twice."""
+    generate_main(["--env", "bandit", "--train-size", "3", "--test-size", "0", "--output", str(tmp_path / "a")])
+    generate_main(["--env", "bandit", "--train-size", "2", "--test-size", "0", "--seed", "3", "--output",
+                   str(tmp_path / "b"), "--append-to", str(tmp_path / "a" / "train.parquet")])
+    assert pq.read_table(tmp_path / "b" / "train.parquet").column("seed").to_pylist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="already holds start states 2..2"):
+        generate_main(["--env", "bandit", "--train-size", "2", "--test-size", "0", "--seed", "2", "--output",
+                       str(tmp_path / "c"), "--append-to", str(tmp_path / "a" / "train.parquet")])
+    with pytest.raises(ValueError, match="another tags"):
+        generate_main(["--env", "sokoban", "--train-size", "1", "--test-size", "0", "--seed", "9", "--output",
+                       str(tmp_path / "c"), "--append-to", str(tmp_path / "a" / "train.parquet")])
+
+
 @pytest.mark.parametrize("recipe", ["sokoban", "frozen_lake", "bandit", "countdown"])
 def test_every_recipe_with_an_oracle_gets_well_formed_data(recipe, bundled_model_path, tokenizer):
     rows = expert_episodes(load_config(recipe), range(0, 3), "test").to_pylist()
