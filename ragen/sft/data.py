@@ -21,7 +21,7 @@ oracle cannot solve any more (a box pushed into a corner) gives no samples. With
 only; DAgger, Ross et al. 2011) that model plays, sampled as validation samples it (`rollout.val_kwargs`: greedy
 by default), and the expert's reply at every state it reaches is a sample: the states a trained policy really
 gets into, its mistakes included (a move into a wall repeated until the action budget ends), labelled with the
-way on; append them to the expert data and train on (sft/warm_start.sh --dagger). Train and test seeds never
+way on; `--append-to` puts them after the expert data, for training on from the learner. Train and test seeds never
 overlap, and both lie below the validation seeds of training (`trainer.val_seed`). The file's metadata records
 the recipe and a fingerprint of the tokenizer; the SFT trainer refuses data made with another tokenizer.
 Image envs (`image_observation`, with a vision-language `model_path`): each per-move row also holds its prompt's
@@ -187,8 +187,9 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
                 for (prompt, reply, oracle, shown, actions), turn in zip(expert.moves[record["env_id"]],
                                                                           record["turns"]):
                     if learner_wg is not None:  # the turn the learner played, as the expert answers it
-                        turn = {"state": turn["state"], "response": reply_text(tokenizer, reply, agent.context.reply_open),
-                                "format_ok": True, "actions": actions, "played": turn["actions"]}
+                        turn = {"state": turn["state"], "format_ok": True, "actions": actions,
+                                "response": reply_text(tokenizer, reply, agent.context.reply_open),
+                                "played": turn["actions"]}
                     if oracle:
                         add_row(record, prompt + reply, [0] * len(prompt) + [1] * len(reply), [turn], shown)
                 continue
@@ -214,8 +215,8 @@ def appended(earlier: pa.Table, new: pa.Table, path: Path) -> pa.Table:
     for key in ("ragen.tokenizer", "ragen.tags", "ragen.agent_proxy", "ragen.per_move", "ragen.describe_state"):
         if before.get(key) != after[key]:
             raise ValueError(f"--append-to {path} was made with another {key.removeprefix('ragen.')} "
-                             f"({before.get(key)} here, {after[key]} now): give this call the overrides and options "
-                             "that made it")
+                             f"(that file: {before.get(key)}; this call: {after[key]}): give this call the overrides "
+                             "and options that made it")
     shared = set(earlier.column("seed").to_pylist()) & set(new.column("seed").to_pylist())
     if shared:
         raise ValueError(f"--append-to {path} already holds start states {min(shared)}..{max(shared)}: give --seed "
