@@ -67,7 +67,7 @@ def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     core (~3 min a run); with batches of 16, after 200 steps 54.7-56.2 % in 4 runs of 5 (other random weights or
     sample orders) and 18.8 % in one, which after 300 steps wrote 56.2 %, as did another, at twice the cost."""
     from ragen.context_manager import ANSWER_CLOSE, reply_opening, reply_text
-    from ragen.sft.world_model import load_engine
+    from verl.workers.rollout import load_engine
     from tests.conftest import save_tiny_llama
     from verl.trainer.config import RolloutConfig
     from verl.workers.rollout import SamplingParams

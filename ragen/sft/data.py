@@ -52,9 +52,8 @@ from ragen.envs.baselines import ORACLE_PLANS
 from ragen.envs.utils import png_bytes
 from ragen.train import make_agent
 from verl.protocol import DataProto
-from verl.single_controller import LocalWorkerGroup
 from verl.utils.model import load_tokenizer, resolve_model_path
-from verl.workers.actor import ActorRolloutRefWorker
+from verl.workers.rollout import load_engine
 
 EPISODES_PER_ROLLOUT = 64  # environments played side by side
 
@@ -71,7 +70,7 @@ class ExpertPolicy:
         self.env_manager, self.tokenizer, self.config = env_manager, tokenizer, config
         self.describe_state = describe_state  # the thought first says where things are (the env's describe())
         self.noise = noise  # the chance that a turn plays a random move instead of the expert's
-        self.learner = learner  # a worker group whose replies are played instead of the expert's (DAgger)
+        self.learner = learner  # a rollout engine whose replies are played instead of the expert's (DAgger)
         self.learner_sampling = learner_sampling  # its sampling knobs (rollout.val_kwargs)
         self.rng = np.random.default_rng([seed, 2])
         # env id -> (prompt ids, reply ids, the oracle's own reply?, the prompt's pictures, its actions) per turn
@@ -88,11 +87,14 @@ class ExpertPolicy:
                 active, prompts.non_tensor_batch["prompt_ids"], ids, replies, pictures):
             self.moves.setdefault(state.env_id, []).append((list(prompt), reply_ids, expert, list(shown), actions))
         if self.learner is not None:  # the learner's replies are played; the expert's above are the samples
+            if "prompt_images" in prompts.non_tensor_batch:
+                raise ValueError("--learner plays text observations only: this env shows pictures")
             knobs = self.learner_sampling
             sampling = replace(prompts.meta_info["sampling"], temperature=knobs.temperature, top_p=knobs.top_p,
                                top_k=knobs.top_k)
-            return self.learner.generate_sequences(DataProto(non_tensor_batch=dict(prompts.non_tensor_batch),
-                                                             meta_info={"sampling": sampling}))
+            played = self.learner.generate([list(p) for p in prompts.non_tensor_batch["prompt_ids"]], sampling)
+            return DataProto(non_tensor_batch={"response_ids": played.token_ids,
+                                               "response_log_probs": played.log_probs})
         # written, not sampled: no rollout log-probs (the SFT data keeps only the text)
         return DataProto(non_tensor_batch={"response_ids": ids, "response_log_probs": [[0.0] * len(r) for r in ids]})
 
@@ -148,15 +150,13 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
     cfg = copy.deepcopy(cfg)  # the batches below rewrite its env groups and seed
     cfg.actor_rollout_ref.model.path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-    learner_wg = None
+    engine = None
     if learner is not None:
-        learner_cfg = copy.deepcopy(cfg.actor_rollout_ref)
-        learner_cfg.model.path = resolve_model_path(learner)
-        if tokenizer_fingerprint(load_tokenizer(learner_cfg.model.path)) != tokenizer_fingerprint(tokenizer):
+        learner_path = resolve_model_path(learner)
+        if tokenizer_fingerprint(load_tokenizer(learner_path)) != tokenizer_fingerprint(tokenizer):
             raise ValueError(f"--learner {learner} has another tokenizer than model_path={cfg.model_path!r}, for "
                              "which the data is tokenized: pass model_path= of the model the learner was trained from")
-        learner_wg = LocalWorkerGroup(ActorRolloutRefWorker, learner_cfg)
-        learner_wg.init_model()
+        engine = load_engine(learner_path, cfg.actor_rollout_ref.rollout, tokenizer)
     tags = cfg.es_manager.train.env_configs.tags
     columns: dict[str, list] = {key: [] for key in ("tag", "seed", "split", "success", "reward", "num_turns",
                                                    "input_ids", "loss_mask", "text", "turns", "images")}
@@ -177,7 +177,7 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
         cfg.trainer.seed = start
         agent = make_agent(cfg, "train", None, tokenizer)
         expert = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
-                              describe_state=describe_state, noise=noise, learner=learner_wg,
+                              describe_state=describe_state, noise=noise, learner=engine,
                               learner_sampling=cfg.actor_rollout_ref.rollout.val_kwargs)
         agent.actor_rollout_wg = expert
         rollout = agent.rollout(step=0)
@@ -186,7 +186,7 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
             if per_move:  # the loop plays env i's turns in order, so its k-th move answered turn k
                 for (prompt, reply, oracle, shown, actions), turn in zip(expert.moves[record["env_id"]],
                                                                           record["turns"]):
-                    if learner_wg is not None:  # the turn the learner played, as the expert answers it
+                    if engine is not None:  # the turn the learner played, as the expert answers it
                         turn = {"state": turn["state"], "format_ok": True, "actions": actions,
                                 "response": reply_text(tokenizer, reply, agent.context.reply_open),
                                 "played": turn["actions"]}

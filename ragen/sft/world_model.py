@@ -74,7 +74,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig
 from ragen.overrides import load_config
@@ -89,7 +88,7 @@ from verl.protocol import DataProto
 from verl.trainer.config import RolloutConfig
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.utils.tracking import quiet_libraries
-from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
+from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams, load_engine
 
 REPO = Path(__file__).resolve().parents[2]
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN = "<think>", "</think>", "<answer>"
@@ -214,12 +213,6 @@ class SelfPlayPolicy:
         generation = self.engine.generate(prompt_ids, prompts.meta_info["sampling"])
         return DataProto(non_tensor_batch={"response_ids": generation.token_ids,
                                            "response_log_probs": generation.log_probs})
-
-
-def load_engine(model_path: str, rollout: RolloutConfig, tokenizer):
-    """The recipe's rollout engine (`actor_rollout_ref.rollout.name`, dtype) on the GPU if there is one."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return ROLLOUT_ENGINES[rollout.name](model_path, tokenizer, rollout.dtype, device)
 
 
 def self_play_rows(cfg: RagenConfig, seeds: range, engine, tokenizer, play_format: str = "world_model",
