@@ -67,10 +67,9 @@ def test_a_short_warm_start_learns_to_read_held_out_states(tmp_path, tokenizer):
     core (~3 min a run); with batches of 16, after 200 steps 54.7-56.2 % in 4 runs of 5 (other random weights or
     sample orders) and 18.8 % in one, which after 300 steps wrote 56.2 %, as did another, at twice the cost."""
     from ragen.context_manager import ANSWER_CLOSE, reply_opening, reply_text
-    from verl.workers.rollout import load_engine
     from tests.conftest import save_tiny_llama
     from verl.trainer.config import RolloutConfig
-    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout import SamplingParams, load_engine
 
     model = save_tiny_llama(tmp_path / "random", tokenizer, hidden_size=128, intermediate_size=512,
                             num_key_value_heads=4)
