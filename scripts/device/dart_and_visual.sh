@@ -1,5 +1,5 @@
 # device call 2 (from the repo root, after setup.sh on the same warm machine), prepared for the next lent GPU:
-#   END=540 bash scripts/device/dart_and_visual.sh        (timeout_s 595; carry [".gguf/part2", ".gguf/commit.txt"])
+#   END=540 bash scripts/device/dart_and_visual.sh        (timeout_s 595; carry [".gguf/part2.gz", ".gguf/commit.txt"])
 # At once, on the bundled SmolLM2-135M-Instruct, training seed 1:
 #  (a) issue 31's loop lever: Sokoban's default warm start with DART noise (sft/warm_start.sh sokoban --noise=0.2:
 #      the expert data also holds states off the expert's path) and a context window of 2 turns (DART_WINDOW): every

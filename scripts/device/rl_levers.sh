@@ -1,5 +1,5 @@
 # device call 2 (from the repo root, after setup.sh on the same warm machine), prepared for the next lent GPU:
-#   END=540 bash scripts/device/rl_levers.sh        (timeout_s 595; carry [".gguf/part2", ".gguf/commit.txt"])
+#   END=540 bash scripts/device/rl_levers.sh        (timeout_s 595; carry [".gguf/part2.gz", ".gguf/commit.txt"])
 # Issue 31's open question: can RL add to the Sokoban warm start? Every RL run from it so far (RLOO at 8 x 16,
 # T 1.0, 10-29 steps) left greedy validation where it was: the warm-started policy is near-deterministic (entropy
 # ~0.02 nats a token), its failures are greedy loops on one state, and sampling escapes them only by chance.
