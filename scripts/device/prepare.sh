@@ -4,7 +4,7 @@
 # two halves, one per call, since a call carries at most 64 MiB; .gguf/commit.txt names the code).
 #   bash scripts/device/prepare.sh      (from the repository root, with the project's venv active)
 # Then: call 1 `bash scripts/device/setup.sh` carrying [".whl", ".gguf/part1.gz", ".gguf/__init__.py"]; call 2 a run
-# script (e.g. scripts/device/dart_and_visual.sh) carrying [".gguf/part2.gz", ".gguf/commit.txt"], within ~30 s.
+# script (e.g. scripts/device/window_noise.sh) carrying [".gguf/part2.gz", ".gguf/commit.txt"], within ~30 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude

@@ -7,7 +7,7 @@
 #   a: a context window of 2 turns (agent_proxy.max_context_window=2): the last move and the state before it shown;
 #   b: the same window with DART noise (--noise=0.2): a fifth of the expert's moves replaced by random ones, so the
 #      data holds moves into walls and off the expert's path, and the expert's way back after each.
-# Training seeds A_SEEDS of a and B_SEEDS of b at once (the data made once per lever), then each model greedy on 64
+# Training seeds A_SEEDS of a and B_SEEDS of b at once (each makes its own data: the same rows, ~1 min), then each model greedy on 64
 # levels from 91,000,000 (where the window-1 default scored 84.4 / 85.9 / 81.2 % in seeds 1-3 on an H100) and 64
 # from 119,000,000 (used by nothing before). GPU tests beside. The SFT runs stop at END - EVAL_S (their last save,
 # every 100 steps, is what gets evaluated; its step is logged); a watchdog stops everything at END - 20 s.
@@ -20,15 +20,8 @@ WINDOW=agent_proxy.max_context_window=2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-3}  # several processes share the cores
 log() { echo "[$((SECONDS - T0)) s] $*" | tee -a $O/progress.log; }
 
-warm() {  # $1: lever (a|b), $2: training seed, then the data options. The first seed of a lever makes its data.
-  local lever=$1 seed=$2 first=$3; shift 3; local out=$R/$lever$seed
-  if [ "$seed" != "$first" ]; then  # the first seed's data, once it is complete (command.txt is written last)
-    until [ -f $R/$lever$first/data/command.txt ]; do
-      [ $((SECONDS - T0)) -gt $((END - EVAL_S)) ] && { log "$lever$seed: no data in time"; return; }; sleep 2
-    done
-    mkdir -p $out/data; cp $R/$lever$first/data/*.parquet $out/data/
-    sed "s#$R/$lever$first/data#$out/data#" $R/$lever$first/data/command.txt > $out/data/command.txt
-  fi
+warm() {  # $1: lever (a|b), $2: training seed, then the data options
+  local lever=$1 seed=$2; shift 2; local out=$R/$lever$seed
   timeout $((END - EVAL_S - (SECONDS - T0))) bash sft/warm_start.sh sokoban $out "$@" $WINDOW trainer.seed=$seed \
     trainer.micro_batch_size_per_gpu=32 ${SFT:-} > $O/sft_$lever$seed.log 2>&1
   local rc=$?
@@ -51,9 +44,8 @@ print([(r['step'], round(r['val/action_accuracy'], 3)) for r in rows])" 2>/dev/n
 PIDS=""
 [ -z "${DRY:-}" ] && { ( timeout 240 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider > $O/gpu_tests.log 2>&1
                          log "gpu tests rc $?: $(tail -1 $O/gpu_tests.log)" ) & PIDS="$PIDS $!"; }
-first_a=${A_SEEDS%% *}; first_b=${B_SEEDS%% *}
-for seed in $A_SEEDS; do warm a $seed $first_a --train-size=${LEVELS:-8000} & PIDS="$PIDS $!"; done
-for seed in $B_SEEDS; do warm b $seed $first_b --train-size=${LEVELS:-8000} --noise=0.2 & PIDS="$PIDS $!"; done
+for seed in $A_SEEDS; do warm a $seed --train-size=${LEVELS:-8000} & PIDS="$PIDS $!"; done
+for seed in $B_SEEDS; do warm b $seed --train-size=${LEVELS:-8000} --noise=0.2 & PIDS="$PIDS $!"; done
 ( sleep $((END - 20)); log "watchdog"; pkill -f ragen.sft; pkill -f ragen.eval; pkill -f pytest ) &
 WD=$!
 wait $PIDS; pkill -P $WD; kill $WD 2>/dev/null; log "all done"  # the watchdog's sleep too

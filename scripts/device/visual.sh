@@ -1,18 +1,13 @@
 # device call 2 (from the repo root, after setup.sh on the same warm machine), prepared for the next lent GPU:
-#   END=540 bash scripts/device/dart_and_visual.sh        (timeout_s 595; carry [".gguf/part2.gz", ".gguf/commit.txt"])
-# At once, on the bundled SmolLM2-135M-Instruct, training seed 1:
-#  (a) issue 31's loop lever: Sokoban's default warm start with DART noise (sft/warm_start.sh sokoban --noise=0.2:
-#      the expert data also holds states off the expert's path) and a context window of 2 turns (DART_WINDOW): every
-#      greedy failure so far is a loop, mostly a move that changes nothing repeated, and with the current state alone
-#      the prompt after such a move is the one before it, so only a window that shows the failed move lets the data
-#      teach what follows it. Then greedy on the 64 levels from 97,000,000 and 98,000,000 that the plain default's
-#      seed 1 solved 87.5 % and 92.2 % of (public/boards_not_trained_on_h100), and on its grid alone and other symbols;
-#  (b) issue 35's visual agent: sft/vision_align.sh's stage 1 (cells), then the same warm start on pictures alone
-#      (VIS_LEVELS expert levels, default 4,000: the picture data is slower to make), then greedy on the same levels.
+#   END=540 bash scripts/device/visual.sh        (timeout_s 595; carry [".gguf/part2.gz", ".gguf/commit.txt"])
+# Issue 35's visual agent, from the bundled SmolLM2-135M-Instruct, training seed 1: sft/vision_align.sh's stage 1
+# (cells), then sft/warm_start.sh sokoban on pictures alone (VIS_LEVELS expert levels, default 4,000: the picture
+# data is slower to make), then greedy on 64 levels from 97,000,000 and 98,000,000 (the text warm start of seed 1:
+# 87.5 / 92.2 % on an H100, public/boards_not_trained_on_h100). The GPU tests run beside.
 # Everything written goes to one archive, $OUT/result.tgz (a call returns a few files only); a watchdog stops the
-# jobs at END - 30 s. DRY=1 runs it here on CPU (with tiny settings, e.g. DART_SFT/VIS_SFT/ALIGN_ARGS/VALG).
+# jobs at END - 30 s. DRY=1 runs it here on CPU (with tiny settings, e.g. VIS_SFT/ALIGN_ARGS/VALG).
 source scripts/device/environment.sh  # the GGUF joined, the carried wheels on the path
-R=${R:-/tmp/g}; O=$R/out; mkdir -p $O/dart $O/visual; T0=$SECONDS; END=${END:-540}; VALG=${VALG:-64}
+R=${R:-/tmp/g}; O=$R/out; mkdir -p $O/visual; T0=$SECONDS; END=${END:-540}; VALG=${VALG:-64}
 C=custom_envs.CoordSokoban
 evals() {  # $1: model, $2: out dir name, $3: overrides for all; stdin: lines "name val_seed overrides..."; all at once
   set -f  # overrides hold [ ] and *: no globbing
@@ -24,18 +19,6 @@ evals() {  # $1: model, $2: out dir name, $3: overrides for all; stdin: lines "n
       echo "$2 $name at $((SECONDS - T0)) s: $(grep -A1 '^env ' $O/$2/$name.log | tail -1)" ) &
   done
   wait
-}
-dart() {
-  local window=agent_proxy.max_context_window=${DART_WINDOW:-2}  # the data's prompts, and the evaluations'
-  bash sft/warm_start.sh sokoban $R/dart1 --noise=${NOISE:-0.2} $window trainer.seed=1 \
-    trainer.micro_batch_size_per_gpu=32 ${DART_SFT:-} > $O/dart/warm1.log 2>&1
-  cp $R/dart1/metrics.jsonl $O/dart/warm1_metrics.jsonl; echo "DART warm start done at $((SECONDS - T0)) s: $(tail -1 $O/dart/warm1.log)"
-  evals $R/dart1 dart "$window" <<LIST
-coord_97M 97000000
-coord_98M 98000000
-grid_97M 97000000 $C.env_config.observation_format=grid
-vocab_97M 97000000 +$C.env_config.symbols=W.T*BAa
-LIST
 }
 visual() {
   bash sft/vision_align.sh sokoban $R/vlm --cell-steps 100 --steps 0 ${ALIGN_ARGS:-} > $O/visual/align.log 2>&1
@@ -50,7 +33,6 @@ LIST
 }
 PIDS=""
 [ -z "${DRY:-}" ] && { ( timeout 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider > $O/gpu_tests.log 2>&1; echo "gpu tests rc $? at $((SECONDS - T0)) s" >> $O/gpu_tests.log ) & PIDS="$PIDS $!"; }
-dart & PIDS="$PIDS $!"
 visual & PIDS="$PIDS $!"
 ( sleep $((END - 30)); echo "watchdog at $((SECONDS - T0)) s"; pkill -f ragen.sft; pkill -f ragen.eval; pkill -f pytest ) &
 WD=$!
