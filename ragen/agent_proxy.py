@@ -94,7 +94,7 @@ class AgentProxy:
                     "done": state.done} | world_model | pictures_record("images", shown_images))
                 if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
                         trajectory, state.obs, task_reward, state.actions_left, self.sampling.max_new_tokens,
-                        state.images):
+                        state.images, [a for a, moved in zip(record.actions, record.effective) if not moved]):
                     state.done = state.context_truncated = True
         for state, record in zip(states, records):
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),

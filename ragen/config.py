@@ -126,6 +126,10 @@ class AgentProxyConfig:
     # plain: <think>...</think><answer>...</answer> | world_model (SPA): the thought holds
     # <observation>current state</observation> ... <prediction>state after the actions</prediction>
     reply_format: str = "plain"
+    # the next state message names the turn's actions that changed nothing (the env's info["action_is_effective"]
+    # false), e.g. "Down had no effect.": with a context window of 1 a policy cannot otherwise tell that its move
+    # hit a wall, and greedy decoding repeats it on the unchanged state until the turns run out
+    no_effect_feedback: bool = False
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
     world_model_reward: WorldModelRewardConfig = field(default_factory=WorldModelRewardConfig)
 

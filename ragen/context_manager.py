@@ -45,6 +45,7 @@ inside the thought are text like any other (ragen/sft/world_model.py fills them 
 import hashlib
 import re
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -292,9 +293,9 @@ class ContextManager:
         return reply_text(self.tokenizer, response_ids, self.reply_open)
 
     def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int,
-                        response_length: int, images: tuple[np.ndarray, ...] = ()) -> bool:
+                        response_length: int, images: tuple[np.ndarray, ...] = (), no_effect: Sequence[str] = ()) -> bool:
         """Close the assistant turn the way the template does, then add the next state (with its `images`) as
-        a user turn.
+        a user turn; `no_effect`: the turn's actions that changed nothing (named with `no_effect_feedback`).
 
         Returns False, adding nothing, when the next state and a reply of `response_length` tokens would
         not fit in `max_model_len`: the trajectory ends with the turns it has.
@@ -305,7 +306,8 @@ class ContextManager:
         close = self._assistant_close
         if eos_text and close.startswith(eos_text):  # the model already wrote the template's end-of-turn token
             close = close[len(eos_text):]
-        user = self._render_user_turn(self._state_message(trajectory.tag, obs, turn + 1, actions_left, reward))
+        user = self._render_user_turn(self._state_message(trajectory.tag, obs, turn + 1, actions_left, reward,
+                                                          no_effect))
         close_ids, user_ids = self._encode(close), self._encode(user + self.reply_open, images)
         if not self.fits(trajectory, response_length, added=len(close_ids) + len(user_ids)):
             return False
@@ -405,9 +407,12 @@ class ContextManager:
             fmt += f"\nYou may give up to {cfg.max_actions_per_turn} actions, separated by '{cfg.action_sep}'."
         return f"{SYSTEM_PROMPT}\n{self.instructions[tag]}\n{fmt}"
 
-    def _state_message(self, tag: str, obs: str, turn: int, actions_left: int, reward: float | None) -> str:
+    def _state_message(self, tag: str, obs: str, turn: int, actions_left: int, reward: float | None,
+                       no_effect: Sequence[str] = ()) -> str:
         cfg = self.config
         feedback = "" if reward is None else f"Reward: {reward:g}\n"
+        if cfg.no_effect_feedback and no_effect:
+            feedback += f"{', '.join(no_effect)} had no effect.\n"
         # The moves, beside the reply format: the bundled 135M model names a FrozenLake move in 18 % of its
         # first replies with this line and in 2 % without it (the list in the system prompt is too far back)
         choices = f"Choose from {self.action_choices[tag]}. " if tag in self.action_choices else ""

@@ -165,8 +165,9 @@ def replayed_prompts(context: ContextManager, record: dict, replies: list[Rewrit
     for k in range(len(turns) - 1):
         context.add_response(trajectory, replies[k].ids, [0.0] * len(replies[k].ids))
         actions_left -= sum(turns[k]["action_valid"])  # an invalid action costs no budget (env_state_manager)
+        no_effect = [a for a, moved in zip(turns[k]["actions"], turns[k]["action_effective"]) if not moved]
         if not context.add_observation(trajectory, states[k + 1], turns[k]["reward"], actions_left,
-                                       len(replies[k + 1].ids)):
+                                       len(replies[k + 1].ids), no_effect=no_effect):
             break
         prompts.append(list(context.prompt_ids(trajectory)))
     return prompts

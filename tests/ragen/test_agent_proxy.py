@@ -18,16 +18,18 @@ class ScriptedPolicy:
 
     def __init__(self, tokenizer, reply: str):
         self.ids = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.calls = []
+        self.calls, self.prompts = [], []
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         self.calls.append(len(prompts))
+        self.prompts.append([list(p) for p in prompts.non_tensor_batch["prompt_ids"]])
         return DataProto(non_tensor_batch={"response_ids": [list(self.ids) for _ in range(len(prompts))],
                                            "response_log_probs": [[-1.0] * len(self.ids) for _ in range(len(prompts))]})
 
 
-def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, split="train", response_length=400):
-    config = AgentProxyConfig(max_turn=max_turn, max_actions_per_turn=1)
+def make_proxy(tokenizer, tag, env, reply, max_turn, max_model_len=1 << 30, split="train", response_length=400,
+               **config):
+    config = AgentProxyConfig(max_turn=max_turn, max_actions_per_turn=1, **config)
     env_manager = EnvStateManager(EnvGroupsConfig(env_groups=2, group_size=2, env_configs=EnvMixConfig([tag], [2])),
                                   {tag: env}, seed=0)
     context = ContextManager.for_envs(tokenizer, config, env_manager.env_per_tag(), [tokenizer.eos_token_id],
@@ -61,6 +63,22 @@ def test_malformed_replies_get_the_format_penalty_every_turn(tokenizer):
 
 
 SOKOBAN = CustomEnvConfig(env_type="sokoban", max_actions_per_traj=10)
+
+
+@pytest.mark.parametrize("feedback", [True, False])
+def test_no_effect_feedback_names_the_move_that_changed_nothing(tokenizer, feedback):
+    """Pressing Up until the player stands under a wall: each turn after a move that changed nothing says so in
+    its state message (`no_effect_feedback`), and no other turn does; without the option no turn does."""
+    proxy, policy = make_proxy(tokenizer, "Sokoban", SOKOBAN, "hmm</think><answer>Up</answer>", max_turn=6,
+                               no_effect_feedback=feedback)
+    rollout = proxy.rollout(step=1)
+    for env_id, record in enumerate(rollout.records):
+        effective = [turn["action_effective"] for turn in record["turns"]]
+        assert [False] in effective  # the player reached the top wall within 6 moves in every level
+        for turn in range(1, len(effective)):
+            message = tokenizer.decode(policy.prompts[turn][env_id]).split("<|im_start|>user")[-1]
+            assert ("Up had no effect." in message) == (feedback and effective[turn - 1] == [False])
+            assert "Turn" in message and "had no effect" not in message.split("Turn")[1]  # before the state
 
 
 def test_an_invalid_action_takes_the_format_penalty_and_never_beats_a_valid_move(tokenizer):
