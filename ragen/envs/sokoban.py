@@ -31,6 +31,11 @@ row-major order: Targets (empty targets, O), Boxes (off target, X), Boxes on tar
 Player on target (S). A symbol not on the board has no line, so the lines never disagree with the grid and
 their union places every object. "coord" writes the same lines without the grid, after an `Inner walls` line
 (the walls inside the border; the border is always wall and the instructions say so).
+
+`SokobanConfig.neighbours` adds a last line naming the four cells next to the player in words, in every format:
+    Around the player: Up wall, Down box, Left floor, Right target
+(wall, floor, target, box, box on target). The grid holds the same facts, but a model must find the cell one row
+below the player several tokens further on; the line spells out the cells that decide whether a move does anything.
 """
 
 from collections import deque
@@ -89,6 +94,7 @@ class SokobanConfig:
     cell_separator: str = ""  # between the cells of a row: "" or " " (see check_cell_separator)
     observation_format: str = "grid"  # "grid", "grid_coord" or "coord" (see the module docstring)
     image_observation: str = "none"  # "none", "alone" (a picture instead of the text) or "with_text" (utils)
+    neighbours: bool = False  # a last line names the four cells next to the player (the module docstring)
 
     def __post_init__(self) -> None:
         for name in ("dim_x", "dim_y"):
@@ -327,7 +333,12 @@ PICTURE_TEXT = ("Each state shows a picture of the board, one square tile per ce
                 "red ring target, brown square box, green square box on target, blue disc player.\n")
 
 
-def _instructions(symbols: str, observation_format: str = "grid", image_observation: str = "none") -> str:
+NEIGHBOURS_LABEL = "Around the player"
+NEIGHBOUR_WORDS = ("wall", "floor", "target", "box", "box on target")
+
+
+def _instructions(symbols: str, observation_format: str = "grid", image_observation: str = "none",
+                  neighbours: bool = False) -> str:
     wall, floor, target, box_on_target, box, player, player_on_target = symbols
     task = ("You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
             "boxes cannot be pulled, and a box against a wall or another box does not move.\n")
@@ -336,6 +347,9 @@ def _instructions(symbols: str, observation_format: str = "grid", image_observat
     actions = f"Actions: {', '.join(ACTIONS)}."
     if image_observation == "alone":  # no text state to explain
         return task + actions
+    if neighbours:
+        actions = (f"{NEIGHBOURS_LABEL} names the cell next to the player in each direction "
+                   f"({', '.join(NEIGHBOUR_WORDS)}).\n{actions}")
     legend = (f"Legend: {wall} wall, {floor} floor, {target} target, {box} box, {box_on_target} box on target, "
               f"{player} player, {player_on_target} player on target.\n")
     if observation_format == "grid":
@@ -378,7 +392,8 @@ class SokobanEnv(gymnasium.Env):
             raise ValueError(f"render_mode={render_mode!r} must be one of {self.metadata['render_modes']}")
         self.config = config
         self.render_mode = render_mode
-        self.instructions = _instructions(config.symbols, config.observation_format, config.image_observation)
+        self.instructions = _instructions(config.symbols, config.observation_format, config.image_observation,
+                                          config.neighbours)
         self.tiles = _tiles(config.symbols)
         self.observation_space = self._space(config.dim_y, config.dim_x)
         self.action_space = spaces.Text(max_length=16)
@@ -462,6 +477,10 @@ class SokobanEnv(gymnasium.Env):
     def _space(self, height: int, width: int) -> spaces.Text:
         text = grid_space(height, width, self.config.symbols, self.config.cell_separator,
                           self.config.observation_format, COORDINATE_LABELS)
+        if self.config.neighbours:  # the longest line: every neighbour a box on target
+            line = f"\n{NEIGHBOURS_LABEL}: " + ", ".join(f"{word} box on target" for word in ACTIONS)
+            charset = "".join(sorted(set(text.character_set) | set(line) | set("".join(NEIGHBOUR_WORDS))))
+            text = spaces.Text(max_length=text.max_length + len(line), charset=charset)
         return image_space(text, self.config.image_observation)
 
     def _observation(self) -> tuple[str, dict]:
@@ -479,7 +498,21 @@ class SokobanEnv(gymnasium.Env):
             inner_walls = self.walls.copy()
             inner_walls[[0, -1], :] = inner_walls[:, [0, -1]] = False
             cells = {"Inner walls": inner_walls, **cells}
-        return observation_text(self.config.observation_format, grid, self.config.cell_separator, cells)
+        text = observation_text(self.config.observation_format, grid, self.config.cell_separator, cells)
+        return f"{text}\n{self._neighbours()}" if self.config.neighbours else text
+
+    def _neighbours(self) -> str:
+        """`Around the player: Up wall, Down floor, ...`: the cell next to the player in each direction, in words."""
+        def word(r: int, c: int) -> str:
+            if self.walls[r, c]:
+                return "wall"
+            if self.boxes[r, c]:
+                return "box on target" if self.targets[r, c] else "box"
+            return "target" if self.targets[r, c] else "floor"
+
+        (r, c) = self.player
+        return f"{NEIGHBOURS_LABEL}: " + ", ".join(f"{name} {word(r + dr, c + dc)}"
+                                                   for name, (dr, dc) in ACTIONS.items())
 
     def render(self) -> str | np.ndarray:
         """The text state ("ansi"), or a (H * TILE, W * TILE, 3) uint8 picture ("rgb_array")."""

@@ -192,6 +192,32 @@ def test_sokoban_coordinates_agree_with_the_grid(symbols, separator, num_boxes, 
     assert seen == set(labels), "every line was seen at least once"
 
 
+@pytest.mark.parametrize("symbols, separator, observation_format",
+                         [(symbols, separator, fmt) for symbols in SOKOBAN_SYMBOLS for separator in SEPARATORS
+                          for fmt in FORMATS])
+def test_sokoban_neighbours_line_names_the_cells_around_the_player(symbols, separator, observation_format):
+    """`neighbours`: the last line names the four cells next to the player as the grid (or, for "coord", the grid
+    of the same level) shows them; the observation without it is the one of `neighbours` false, byte for byte."""
+    wall, floor, target, box_on_target, box, player, player_on_target = symbols
+    words = {wall: "wall", floor: "floor", target: "target", box: "box", box_on_target: "box on target"}
+    config = dict(symbols=symbols, cell_separator=separator, observation_format=observation_format)
+    env, plain = SokobanEnv(SokobanConfig(neighbours=True, **config)), SokobanEnv(SokobanConfig(**config))
+    drawn = SokobanEnv(SokobanConfig(symbols=symbols))  # the grid alone, for "coord", which has none
+    seen = set()
+    for obs, plain_obs, grid_obs in zip(play(env, NUM_LEVELS), play(plain, NUM_LEVELS), play(drawn, NUM_LEVELS),
+                                        strict=True):
+        assert env.observation_space.contains(obs)
+        text, line = obs.rsplit("\n", 1)
+        assert text == plain_obs
+        grid = [list(row) for row in grid_obs.split("\n")]
+        (r, c), = cells_of(grid, player + player_on_target)
+        expected = [f"{name} {words[grid[r + dr][c + dc]]}"
+                    for name, (dr, dc) in {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}.items()]
+        assert line == "Around the player: " + ", ".join(expected), f"{line!r} disagrees with the grid:\n{grid_obs}"
+        seen.update(expected)
+    assert {w.split(" ", 1)[1] for w in seen} == set(words.values()), "every kind of cell was seen"
+
+
 def test_sokoban_coord_is_grid_coord_without_the_grid_plus_the_inner_walls():
     with_grid = SokobanEnv(SokobanConfig(observation_format="grid_coord"))
     alone = SokobanEnv(SokobanConfig(observation_format="coord"))
