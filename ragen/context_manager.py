@@ -293,7 +293,8 @@ class ContextManager:
         return reply_text(self.tokenizer, response_ids, self.reply_open)
 
     def add_observation(self, trajectory: Trajectory, obs: str, reward: float, actions_left: int,
-                        response_length: int, images: tuple[np.ndarray, ...] = (), no_effect: Sequence[str] = ()) -> bool:
+                        response_length: int, images: tuple[np.ndarray, ...] = (),
+                        no_effect: Sequence[str] = ()) -> bool:
         """Close the assistant turn the way the template does, then add the next state (with its `images`) as
         a user turn; `no_effect`: the turn's actions that changed nothing (named with `no_effect_feedback`).
 
