@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ragen.config import AgentProxyConfig
-from ragen.context_manager import ContextManager, Trajectory, reply_spans, token_pieces
+from ragen.context_manager import ContextManager, Trajectory, changed_nothing, reply_spans, token_pieces
 from ragen.env_state_manager import EnvState, EnvStateManager
 from ragen.envs.utils import png_uri
 from ragen.world_model_reward import turn_credits
@@ -94,7 +94,7 @@ class AgentProxy:
                     "done": state.done} | world_model | pictures_record("images", shown_images))
                 if not state.done and turn + 1 < self.config.max_turn and not self.context.add_observation(
                         trajectory, state.obs, task_reward, state.actions_left, self.sampling.max_new_tokens,
-                        state.images, [a for a, moved in zip(record.actions, record.effective) if not moved]):
+                        state.images, changed_nothing(record.actions, record.effective)):
                     state.done = state.context_truncated = True
         for state, record in zip(states, records):
             record |= {"success": state.success, "reward": sum(trajectories[state.env_id].turn_rewards),

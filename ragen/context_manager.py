@@ -207,6 +207,11 @@ class Trajectory:
         self.turn_ids += [turn] * len(ids)
 
 
+def changed_nothing(actions: Sequence[str], effective: Sequence[bool]) -> list[str]:
+    """The actions of a turn whose `info["action_is_effective"]` was false (`no_effect_feedback` names them)."""
+    return [action for action, moved in zip(actions, effective, strict=True) if not moved]
+
+
 def state_key(text: str, trajectory: Trajectory, turn: int) -> tuple:
     """What identifies the state that `turn` of `trajectory` answered: its text and the pixels of the pictures
     shown with it (a picture-only state's text is `<image>` whatever the board)."""

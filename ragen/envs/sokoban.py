@@ -334,7 +334,7 @@ PICTURE_TEXT = ("Each state shows a picture of the board, one square tile per ce
 
 
 NEIGHBOURS_LABEL = "Around the player"
-NEIGHBOUR_WORDS = ("wall", "floor", "target", "box", "box on target")
+NEIGHBOUR_WORDS = ("wall", "floor", "target", "box on target", "box")  # the first five symbols, in words
 
 
 def _instructions(symbols: str, observation_format: str = "grid", image_observation: str = "none",
@@ -499,20 +499,12 @@ class SokobanEnv(gymnasium.Env):
             inner_walls[[0, -1], :] = inner_walls[:, [0, -1]] = False
             cells = {"Inner walls": inner_walls, **cells}
         text = observation_text(self.config.observation_format, grid, self.config.cell_separator, cells)
-        return f"{text}\n{self._neighbours()}" if self.config.neighbours else text
-
-    def _neighbours(self) -> str:
-        """`Around the player: Up wall, Down floor, ...`: the cell next to the player in each direction, in words."""
-        def word(r: int, c: int) -> str:
-            if self.walls[r, c]:
-                return "wall"
-            if self.boxes[r, c]:
-                return "box on target" if self.targets[r, c] else "box"
-            return "target" if self.targets[r, c] else "floor"
-
-        (r, c) = self.player
-        return f"{NEIGHBOURS_LABEL}: " + ", ".join(f"{name} {word(r + dr, c + dc)}"
-                                                   for name, (dr, dc) in ACTIONS.items())
+        if not self.config.neighbours:
+            return text
+        # `Around the player: Up wall, Down floor, ...`: the grid's cell next to the player in each direction, in words
+        words, (r, c) = dict(zip(self.config.symbols, NEIGHBOUR_WORDS)), self.player
+        around = ", ".join(f"{name} {words[grid[r + dr, c + dc]]}" for name, (dr, dc) in ACTIONS.items())
+        return f"{text}\n{NEIGHBOURS_LABEL}: {around}"
 
     def render(self) -> str | np.ndarray:
         """The text state ("ansi"), or a (H * TILE, W * TILE, 3) uint8 picture ("rgb_array")."""

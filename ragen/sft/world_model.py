@@ -78,7 +78,8 @@ import pyarrow.parquet as pq
 from ragen.config import CONFIG_DIR, EnvGroupsConfig, EnvMixConfig, RagenConfig
 from ragen.overrides import load_config
 from ragen.context_manager import (ANSWER_CLOSE, OBSERVATION_CLOSE, OBSERVATION_OPEN, PREDICTION_CLOSE,
-                                   PREDICTION_OPEN, ContextManager, parse_reply, reply_opening, reply_text)
+                                   PREDICTION_OPEN, ContextManager, changed_nothing, parse_reply, reply_opening,
+                                   reply_text)
 from ragen.create_data import write_parquet
 from ragen.env_state_manager import EnvStateManager
 from ragen.sft.data import tokenizer_fingerprint
@@ -165,9 +166,9 @@ def replayed_prompts(context: ContextManager, record: dict, replies: list[Rewrit
     for k in range(len(turns) - 1):
         context.add_response(trajectory, replies[k].ids, [0.0] * len(replies[k].ids))
         actions_left -= sum(turns[k]["action_valid"])  # an invalid action costs no budget (env_state_manager)
-        no_effect = [a for a, moved in zip(turns[k]["actions"], turns[k]["action_effective"]) if not moved]
         if not context.add_observation(trajectory, states[k + 1], turns[k]["reward"], actions_left,
-                                       len(replies[k + 1].ids), no_effect=no_effect):
+                                       len(replies[k + 1].ids),
+                                       no_effect=changed_nothing(turns[k]["actions"], turns[k]["action_effective"])):
             break
         prompts.append(list(context.prompt_ids(trajectory)))
     return prompts
