@@ -71,7 +71,7 @@ def test_the_first_readme_environment_variables_train(tiny_model_path, tmp_path)
     cfg = hydra_config(tmp_path)
     assert cfg["custom_envs"]["CoordSokoban"]["env_config"] == {  # the sokoban recipe's tag
         "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5, "search_depth": 30, "cell_separator": " ",
-        "observation_format": "grid_coord", "neighbours": False}
+        "observation_format": "grid_coord", "neighbours": False, "columns": False}
     assert (cfg["model_path"], cfg["trainer"]["experiment_name"], cfg["trainer"]["logger"]) == (
         tiny_model_path, "test-tiny", ["wandb"])
     assert (cfg["agent_proxy"]["max_turn"], cfg["actor_rollout_ref"]["rollout"]["response_length"]) == (2, 16)

@@ -36,6 +36,11 @@ their union places every object. "coord" writes the same lines without the grid,
     Around the player: Up wall, Down box, Left floor, Right target
 (wall, floor, target, box, box on target). The grid holds the same facts, but a model must find the cell one row
 below the player several tokens further on; the line spells out the cells that decide whether a move does anything.
+
+`SokobanConfig.columns` (formats with a grid) writes the grid again after it, transposed: one line per column,
+column 0 first, each from row 0 down, under `Columns (top to bottom):`. In the grid the cells above and below the
+player sit a row's worth of tokens away from it; in its column's line they are its neighbours, as the cells to its
+left and right are in its row.
 """
 
 from collections import deque
@@ -47,7 +52,7 @@ from gymnasium import spaces
 
 from ragen.envs.utils import (
     COORDINATES_NOTE, check_cell_separator, check_image_observation, check_observation_format, choices_text,
-    grid_space, grid_to_rgb, image_space, observation_text, shortest_path, step_info, tile, with_image,
+    grid_space, grid_text, grid_to_rgb, image_space, observation_text, shortest_path, step_info, tile, with_image,
 )
 
 ACTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, column) offsets
@@ -95,6 +100,7 @@ class SokobanConfig:
     observation_format: str = "grid"  # "grid", "grid_coord" or "coord" (see the module docstring)
     image_observation: str = "none"  # "none", "alone" (a picture instead of the text) or "with_text" (utils)
     neighbours: bool = False  # a last line names the four cells next to the player (the module docstring)
+    columns: bool = False  # the grid's columns follow it as lines, top to bottom (the module docstring)
 
     def __post_init__(self) -> None:
         for name in ("dim_x", "dim_y"):
@@ -120,6 +126,9 @@ class SokobanConfig:
         check_cell_separator(self.cell_separator)
         check_observation_format(self.observation_format)
         check_image_observation(self.image_observation)
+        if self.columns and self.observation_format == "coord":
+            raise ValueError("columns=true lists the grid's columns, and observation_format='coord' shows no grid: "
+                             "use 'grid' or 'grid_coord', or columns=false")
 
 
 def carve_room(height: int, width: int, num_floor: int, rng: np.random.Generator) -> np.ndarray:
@@ -335,10 +344,11 @@ PICTURE_TEXT = ("Each state shows a picture of the board, one square tile per ce
 
 NEIGHBOURS_LABEL = "Around the player"
 NEIGHBOUR_WORDS = ("wall", "floor", "target", "box on target", "box")  # the first five symbols, in words
+COLUMNS_LABEL = "Columns (top to bottom):"
 
 
 def _instructions(symbols: str, observation_format: str = "grid", image_observation: str = "none",
-                  neighbours: bool = False) -> str:
+                  neighbours: bool = False, columns: bool = False) -> str:
     wall, floor, target, box_on_target, box, player, player_on_target = symbols
     task = ("You are the player in a Sokoban puzzle. Goal: push every box onto a target. Walk into a box to push it; "
             "boxes cannot be pulled, and a box against a wall or another box does not move.\n")
@@ -347,6 +357,9 @@ def _instructions(symbols: str, observation_format: str = "grid", image_observat
     actions = f"Actions: {', '.join(ACTIONS)}."
     if image_observation == "alone":  # no text state to explain
         return task + actions
+    if columns:
+        actions = ("Columns lists the grid's columns, column 0 first, each from row 0 down: there the cells above and "
+                   f"below the player are next to it.\n{actions}")
     if neighbours:
         actions = (f"{NEIGHBOURS_LABEL} names the cell next to the player in each direction "
                    f"({', '.join(NEIGHBOUR_WORDS)}).\n{actions}")
@@ -393,7 +406,7 @@ class SokobanEnv(gymnasium.Env):
         self.config = config
         self.render_mode = render_mode
         self.instructions = _instructions(config.symbols, config.observation_format, config.image_observation,
-                                          config.neighbours)
+                                          config.neighbours, config.columns)
         self.tiles = _tiles(config.symbols)
         self.observation_space = self._space(config.dim_y, config.dim_x)
         self.action_space = spaces.Text(max_length=16)
@@ -477,6 +490,10 @@ class SokobanEnv(gymnasium.Env):
     def _space(self, height: int, width: int) -> spaces.Text:
         text = grid_space(height, width, self.config.symbols, self.config.cell_separator,
                           self.config.observation_format, COORDINATE_LABELS)
+        if self.config.columns:  # the grid once more, transposed, under its label
+            block = f"\n{COLUMNS_LABEL}\n" + grid_text(np.full((width, height), "#"), self.config.cell_separator)
+            charset = "".join(sorted(set(text.character_set) | set(COLUMNS_LABEL)))
+            text = spaces.Text(max_length=text.max_length + len(block), charset=charset)
         if self.config.neighbours:  # the longest line: every neighbour a box on target
             line = f"\n{NEIGHBOURS_LABEL}: " + ", ".join(f"{word} box on target" for word in ACTIONS)
             charset = "".join(sorted(set(text.character_set) | set(line) | set("".join(NEIGHBOUR_WORDS))))
@@ -499,6 +516,8 @@ class SokobanEnv(gymnasium.Env):
             inner_walls[[0, -1], :] = inner_walls[:, [0, -1]] = False
             cells = {"Inner walls": inner_walls, **cells}
         text = observation_text(self.config.observation_format, grid, self.config.cell_separator, cells)
+        if self.config.columns:
+            text += f"\n{COLUMNS_LABEL}\n" + grid_text(grid.T, self.config.cell_separator)
         if not self.config.neighbours:
             return text
         # `Around the player: Up wall, Down floor, ...`: the grid's cell next to the player in each direction, in words

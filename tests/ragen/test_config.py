@@ -446,7 +446,7 @@ def test_the_first_readme_environment_variables_become_overrides(capsys):
     cfg = load("sokoban", *overrides)
     assert cfg.custom_envs["CoordSokoban"].env_config == {  # the recipe's tag
         "dim_x": 6, "dim_y": 6, "num_boxes": 1, "max_steps": 5, "search_depth": 30, "cell_separator": " ",
-        "observation_format": "grid_coord", "neighbours": False}
+        "observation_format": "grid_coord", "neighbours": False, "columns": False}
     assert (cfg.model_path, cfg.trainer.experiment_name) == ("Qwen/Qwen2.5-0.5B", "test-qwen2.5-0.5b")
     assert (cfg.es_manager.train.env_groups, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (128, 64)
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1 and cfg.agent_proxy.max_turn == 5

@@ -218,6 +218,29 @@ def test_sokoban_neighbours_line_names_the_cells_around_the_player(symbols, sepa
     assert {w.split(" ", 1)[1] for w in seen} == set(words.values()), "every kind of cell was seen"
 
 
+@pytest.mark.parametrize("symbols, separator, observation_format",
+                         [(symbols, separator, fmt) for symbols in SOKOBAN_SYMBOLS for separator in SEPARATORS
+                          for fmt in ("grid", "grid_coord")])
+def test_sokoban_columns_are_the_grid_transposed(symbols, separator, observation_format):
+    """`columns`: after the observation of `columns` false, byte for byte, the label and one line per column of its
+    grid, top to bottom, with the neighbours line (if any) still last."""
+    config = dict(symbols=symbols, cell_separator=separator, observation_format=observation_format)
+    env = SokobanEnv(SokobanConfig(columns=True, neighbours=True, **config))
+    plain = SokobanEnv(SokobanConfig(neighbours=True, **config))
+    for obs, plain_obs in zip(play(env, NUM_LEVELS), play(plain, NUM_LEVELS), strict=True):
+        assert env.observation_space.contains(obs)
+        text, line = plain_obs.rsplit("\n", 1)
+        rows = text.split("\n")[-env.config.dim_y:]  # the grid: the last lines before the neighbours line
+        cells = [row.split(separator) if separator else list(row) for row in rows]
+        columns = [separator.join(column) for column in zip(*cells)]
+        assert obs == "\n".join([text, "Columns (top to bottom):", *columns, line])
+
+
+def test_sokoban_columns_need_a_grid():
+    with pytest.raises(ValueError, match="shows no grid"):
+        SokobanConfig(observation_format="coord", columns=True)
+
+
 def test_sokoban_coord_is_grid_coord_without_the_grid_plus_the_inner_walls():
     with_grid = SokobanEnv(SokobanConfig(observation_format="grid_coord"))
     alone = SokobanEnv(SokobanConfig(observation_format="coord"))
