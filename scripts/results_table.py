@@ -16,10 +16,13 @@ file is left as it is, and tests/test_docs.py fails when a table is stale.
 The Sokoban ablation table (docs/recipes-and-results.md) is written the same way from `public/ablation.json`: one
 line per lever setting, each naming the folder of its `results.json` under `public/` and which model it reads
 (`before`: the run's start, `after`: its end) on which levels (`test`: the test start states of
-`reproduce.py --test-seed`, `val`: the validation ones), so every number in it is one that was measured.
+`reproduce.py --test-seed`, `val`: the validation ones), or naming the episode files of a lab's `python -m ragen.eval`
+runs (`episodes`: one `*.jsonl.gz` under `public/` per seed, all on the same levels; `machine`: where they ran), so
+every number in it is one that was measured.
 """
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -86,29 +89,55 @@ def table(results: dict[str, dict], details: str) -> str:
 
 
 def ablation_table(spec: dict, published: Path) -> str:
-    """One line per entry of `spec["lines"]`: its levers, then the greedy success its results.json holds for the
-    named model (`before` | `after`) on the named levels (`test` | `val`), mean and per seed."""
+    """One line per entry of `spec["lines"]`: its levers, then the greedy success it measured, mean and per seed:
+    from a results.json (the named model, `before` | `after`, on the named levels, `test` | `val`) or from episode
+    files (one per seed)."""
     lines = [f"| {' | '.join(LEVERS)} | levels | greedy success (per seed) | measured |",
              "|" + "---|" * (len(LEVERS) + 3)]
     for entry in spec["lines"]:
-        unknown = entry.keys() - {*LEVERS, "results", "model", "levels", "tag"}
-        if unknown or entry.get("model") not in ("before", "after") or entry.get("levels") not in ("test", "val"):
-            sys.exit(f"ablation line {entry}: the keys are {', '.join(LEVERS)}, results, tag, model (before | after) "
-                     f"and levels (test | val){'; unknown: ' + ', '.join(sorted(unknown)) if unknown else ''}")
-        result = json.loads((published / entry["results"] / "results.json").read_text(encoding="utf-8"))
-        test = entry["levels"] == "test"
-        if test and "test" not in result:
-            sys.exit(f"ablation line {entry}: public/{entry['results']}/results.json has no test (reproduce.py --test-seed)")
-        seed, groups = ((result["test"]["test_seed"], result["test"]["test_groups"]) if test
-                        else (result["val_seed"], result["val_groups"]))
-        row = (result["test"]["success"] if test else result["val_success"])[entry["tag"]]
-        scores = row[entry["model"]]
+        (levels, scores, measured) = (episodes_line(entry, published) if "episodes" in entry
+                                      else results_line(entry, published))
         per_seed = ", ".join(percent(v) for v in scores)
         spread = f" ± {100 * statistics.stdev(scores):.1f}" if len(scores) > 1 else ""  # the sample std, as reproduce.py's
         levers = " | ".join(entry.get(lever, "—").replace("|", "\\|") for lever in LEVERS)
-        lines.append(f"| {levers} | {groups} from {seed:,} | **{percent(statistics.mean(scores))}**{spread} "
-                     f"({per_seed}) | `public/{entry['results']}/`, {entry['model']}; {result['machine']} |")
+        lines.append(f"| {levers} | {levels} | **{percent(statistics.mean(scores))}**{spread} ({per_seed}) | {measured} |")
     return "\n".join(lines)
+
+
+def results_line(entry: dict, published: Path) -> tuple[str, list[float], str]:
+    unknown = entry.keys() - {*LEVERS, "results", "model", "levels", "tag"}
+    if unknown or entry.get("model") not in ("before", "after") or entry.get("levels") not in ("test", "val"):
+        sys.exit(f"ablation line {entry}: the keys are {', '.join(LEVERS)}, results, tag, model (before | after) "
+                 f"and levels (test | val), or episodes and machine"
+                 f"{'; unknown: ' + ', '.join(sorted(unknown)) if unknown else ''}")
+    result = json.loads((published / entry["results"] / "results.json").read_text(encoding="utf-8"))
+    test = entry["levels"] == "test"
+    if test and "test" not in result:
+        sys.exit(f"ablation line {entry}: public/{entry['results']}/results.json has no test (reproduce.py --test-seed)")
+    seed, groups = ((result["test"]["test_seed"], result["test"]["test_groups"]) if test
+                    else (result["val_seed"], result["val_groups"]))
+    row = (result["test"]["success"] if test else result["val_success"])[entry["tag"]]
+    return (f"{groups} from {seed:,}", row[entry["model"]],
+            f"`public/{entry['results']}/`, {entry['model']}; {result['machine']}")
+
+
+def episodes_line(entry: dict, published: Path) -> tuple[str, list[float], str]:
+    """Success per seed from `python -m ragen.eval` episode records (`*.jsonl.gz`), which must cover the same levels."""
+    unknown = entry.keys() - {*LEVERS, "episodes", "machine"}
+    if unknown or "machine" not in entry or not entry["episodes"]:
+        sys.exit(f"ablation line {entry}: an episodes line has the keys {', '.join(LEVERS)}, episodes (one file per "
+                 f"seed) and machine{'; unknown: ' + ', '.join(sorted(unknown)) if unknown else ''}")
+    scores, level_sets = [], set()
+    for name in entry["episodes"]:
+        with gzip.open(published / name, "rt", encoding="utf-8") as file:
+            records = [json.loads(line) for line in file]
+        scores.append(sum(bool(record["success"]) for record in records) / len(records))
+        level_sets.add(tuple(sorted(record["seed"] for record in records)))
+    if len(level_sets) != 1:
+        sys.exit(f"ablation line {entry}: its episode files were played on different levels")
+    levels = level_sets.pop()
+    files = ", ".join(f"`public/{name}`" for name in entry["episodes"])
+    return f"{len(levels)} from {levels[0]:,}", scores, f"{files}; {entry['machine']}"
 
 
 def rewrite(text: str, new_table: str, name: str, begin: str = BEGIN, end: str = END) -> str:

@@ -2,6 +2,7 @@
 page is in mkdocs.yml's nav, the README's relative links reach files (and headings) that exist, and the
 generated config reference matches the schema."""
 
+import gzip
 import json
 import re
 import subprocess
@@ -193,6 +194,28 @@ def test_an_ablation_line_is_the_number_its_results_json_holds(tmp_path):
     (tmp_path / "rl" / "results.json").write_text(json.dumps(run))
     with pytest.raises(SystemExit, match="has no test"):
         module.ablation_table(spec, tmp_path)
+
+
+def test_an_ablation_line_of_episode_files_is_their_success_per_seed(tmp_path):
+    module = _results_table_module()
+    (tmp_path / "lab").mkdir()
+
+    def episodes(name, successes, first=119000000):
+        with gzip.open(tmp_path / "lab" / name, "wt", encoding="utf-8") as file:
+            for i, success in enumerate(successes):
+                file.write(json.dumps({"seed": first + i, "success": success}) + "\n")
+        return f"lab/{name}"
+
+    line = {"observation": "grid_coord", "other": "columns", "machine": "2 CPU cores",
+            "episodes": [episodes("seed_1.jsonl.gz", [True, True, False, True]),
+                         episodes("seed_2.jsonl.gz", [True, False, False, True])]}
+    _, _, row = module.ablation_table({"lines": [line]}, tmp_path).splitlines()
+    assert row == ("| grid_coord | — | — | — | — | columns | 4 from 119,000,000 | **62.5 %** ± 17.7 (75.0 %, 50.0 %) | "
+                   "`public/lab/seed_1.jsonl.gz`, `public/lab/seed_2.jsonl.gz`; 2 CPU cores |")
+    other_levels = line | {"episodes": [line["episodes"][0], episodes("seed_3.jsonl.gz", [True] * 4, first=113000000)]}
+    for wrong in (other_levels, {k: v for k, v in line.items() if k != "machine"}, line | {"model": "after"}):
+        with pytest.raises(SystemExit, match="ablation line"):
+            module.ablation_table({"lines": [wrong]}, tmp_path)
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
