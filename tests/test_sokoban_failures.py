@@ -67,3 +67,23 @@ def test_the_command_counts_each_kind_and_the_moves_that_changed_nothing(tmp_pat
     moves = [ok for episode in episodes for turn in episode["turns"] for ok in turn["action_effective"]]
     assert abs(figures["noop_share"] - moves.count(False) / len(moves)) < 1e-9
     assert f"solved {len(episodes) - failed} of {len(episodes)}" in result.stdout
+
+
+def test_levels_are_counted_by_the_length_of_their_shortest_solution():
+    from ragen.envs.sokoban import solve_env
+
+    env = recipe_env()
+    episodes, lengths = [], []
+    for seed in range(12):
+        env.reset(seed=seed)
+        plan = solve_env(env)
+        lengths.append(len(plan))
+        episodes.append(play(plan if seed % 2 else ["Up"] * 10, seed))  # odd seeds solved by the oracle's plan
+    assert all(sokoban_failures.shortest_solution(episode) == n for episode, n in zip(episodes, lengths))
+    by_length = sokoban_failures.summarize(episodes, last=4)["solved_by_shortest_solution"]
+    assert sum(count for _, count in by_length.values()) == 12
+    for n, (won, count) in by_length.items():
+        assert count == lengths.count(int(n))
+        assert won == sum(episode["success"] for episode, m in zip(episodes, lengths) if m == int(n))
+    other_symbols = {"turns": [{"state": episodes[0]["turns"][0]["state"].replace("#", "W")}]}
+    assert sokoban_failures.shortest_solution(other_symbols) == "unknown"
