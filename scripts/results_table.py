@@ -95,8 +95,8 @@ def ablation_table(spec: dict, published: Path) -> str:
     lines = [f"| {' | '.join(LEVERS)} | levels | greedy success (per seed) | measured |",
              "|" + "---|" * (len(LEVERS) + 3)]
     for entry in spec["lines"]:
-        (levels, scores, measured) = (episodes_line(entry, published) if "episodes" in entry
-                                      else results_line(entry, published))
+        read = episodes_line if "episodes" in entry else results_line
+        levels, scores, measured = read(entry, published)
         per_seed = ", ".join(percent(v) for v in scores)
         spread = f" ± {100 * statistics.stdev(scores):.1f}" if len(scores) > 1 else ""  # the sample std, as reproduce.py's
         levers = " | ".join(entry.get(lever, "—").replace("|", "\\|") for lever in LEVERS)
