@@ -8,7 +8,16 @@ Reads episode files as `ragen.eval` and the trainer's validation write them (one
 - `other`: anything else (out of turns while still moving, a box pushed where it cannot be brought back).
 It also prints the share of all moves that changed nothing, and how many levels were solved by the length of the
 shortest solution (the BFS oracle's, from the first state's grid; levels drawn in other symbols are counted as
-`unknown`). `--json PATH` writes the figures.
+`unknown`). And where each episode first left a shortest path (the oracle's moves to go, before and after each
+turn): the share of turns that brought the level as many moves closer as they made, and each failed episode's first
+mistake by kind:
+- `no effect`: a move that changed nothing;
+- `dead end`: a push after which no solution exists (a box in a corner);
+- `detour`: the level still solvable, but further away than a shortest path would have left it;
+with the turn it came on, the slack the level left (the turns it played, one move each, minus its shortest
+solution) and whether its move headed at a box in a straight line; `none` if a failed episode never left a shortest
+path (a level longer than the action budget).
+`--json PATH` writes the figures.
 """
 
 import argparse
@@ -17,9 +26,12 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ragen.envs.sokoban import parse_room, solve
+import numpy as np
+
+from ragen.envs.sokoban import ACTIONS, Level, parse_room, solve
 
 KINDS = ("stuck", "two-state walk", "other")
+MISTAKES = ("no effect", "dead end", "detour", "none")
 
 
 def read_episodes(path: Path) -> list[dict]:
@@ -39,9 +51,9 @@ def failure_kind(episode: dict, last: int) -> str:
     return "other"
 
 
-def shortest_solution(episode: dict) -> int | str:
-    """The number of moves of the shortest solution from the episode's first state, or "unknown"."""
-    lines = episode["turns"][0]["state"].split("\n")
+def read_room(state: str) -> Level | None:
+    """The room of an observation's grid; None if it is drawn in other symbols than the default legend."""
+    lines = state.split("\n")
     grid = lines[lines.index("Grid:") + 1:] if "Grid:" in lines else lines
     rows = []
     for line in grid:  # up to the first line that is not a row of cells (the columns view, the neighbours line)
@@ -49,10 +61,54 @@ def shortest_solution(episode: dict) -> int | str:
             break
         rows.append(line)
     try:
-        plan = solve(*parse_room("\n".join(rows)))
-    except ValueError:  # other symbols than the default legend
+        return parse_room("\n".join(rows))
+    except ValueError:
+        return None
+
+
+def moves_to_go(state: str) -> int | None | str:
+    """The number of moves of the shortest solution from an observation; None if it has none; "unknown" if it
+    cannot be read (other symbols than the default legend)."""
+    room = read_room(state)
+    if room is None:
         return "unknown"
-    return len(plan) if plan is not None else "unknown"
+    plan = solve(*room)
+    return len(plan) if plan is not None else None
+
+
+def toward_box(state: str, move: str) -> bool:
+    """Whether `move` takes the player closer to a box along the move's own axis (a straight line at the box)."""
+    _, _, boxes, (row, col) = read_room(state)
+    d_row, d_col = ACTIONS[move]
+    return any((box_row - row) * d_row + (box_col - col) * d_col > 0 for box_row, box_col in np.argwhere(boxes))
+
+
+def shortest_solution(episode: dict) -> int | str:
+    """The number of moves of the shortest solution from the episode's first state, or "unknown"."""
+    moves = moves_to_go(episode["turns"][0]["state"])
+    return "unknown" if moves is None else moves
+
+
+def path_turns(episode: dict) -> list[str] | str:
+    """Each turn's verdict against the oracle's moves to go: "shortest" if it brought the level as many moves
+    closer as it made, else the mistake's kind (see the module's docstring), up to the first dead end; "unknown"
+    if a state cannot be read."""
+    states = [turn["state"] for turn in episode["turns"]] + [episode["final_state"]]
+    to_go = [moves_to_go(state) for state in states]
+    if "unknown" in to_go:
+        return "unknown"
+    verdicts = []
+    for index, turn in enumerate(episode["turns"]):
+        before, after = to_go[index], to_go[index + 1]
+        if before is None:
+            break  # after a dead end nothing is on a path
+        if after is not None and after == before - len(turn["actions"]):
+            verdicts.append("shortest")
+        elif not any(turn["action_effective"]):
+            verdicts.append("no effect")
+        else:
+            verdicts.append("dead end" if after is None else "detour")
+    return verdicts
 
 
 def summarize(episodes: list[dict], last: int) -> dict:
@@ -64,10 +120,26 @@ def summarize(episodes: list[dict], last: int) -> dict:
     lengths = [shortest_solution(episode) for episode in episodes]
     order = sorted(set(lengths), key=lambda n: (isinstance(n, str), n))
     played, solved = Counter(lengths), Counter(n for n, episode in zip(lengths, episodes) if episode["success"])
+    verdicts = [path_turns(episode) for episode in episodes]
+    mistakes = {}  # failed episode's seed -> its first mistake: {"turn", "kind", "slack"}
+    for episode, turns in zip(episodes, verdicts):
+        if episode["success"] or turns == "unknown":
+            continue
+        turn = next((index for index, verdict in enumerate(turns) if verdict != "shortest"), None)
+        mistakes[episode["seed"]] = {"turn": turn, "kind": "none" if turn is None else turns[turn],
+                                     "slack": len(episode["turns"]) - shortest_solution(episode)}
+        if turn is not None:
+            mistake = episode["turns"][turn]
+            mistakes[episode["seed"]]["toward_box"] = toward_box(mistake["state"], mistake["actions"][0])
+    on_path = [verdict == "shortest" for turns in verdicts if turns != "unknown" for verdict in turns]
     return {"episodes": len(episodes), "solved": len(episodes) - len(failed),
             "solved_by_shortest_solution": {str(n): [solved[n], played[n]] for n in order},
             "failed": {kind: len(seeds) for kind, seeds in kinds.items()},
-            "failed_seeds": kinds, "noop_share": 1 - sum(effective) / max(len(effective), 1)}
+            "failed_seeds": kinds, "noop_share": 1 - sum(effective) / max(len(effective), 1),
+            "shortest_path_share": sum(on_path) / max(len(on_path), 1),
+            "first_mistake": {kind: sum(m["kind"] == kind for m in mistakes.values()) for kind in MISTAKES},
+            "first_mistake_toward_box": sum(m.get("toward_box", False) for m in mistakes.values()),
+            "first_mistakes": mistakes}
 
 
 def main() -> None:
@@ -86,6 +158,9 @@ def main() -> None:
               f"moves that changed nothing: {100 * summary['noop_share']:.1f} %")
         by_length = ", ".join(f"{n}: {won}/{count}" for n, (won, count) in summary["solved_by_shortest_solution"].items())
         print(f"  solved by the shortest solution's moves: {by_length}")
+        firsts = ", ".join(f"{count} {kind}" for kind, count in summary["first_mistake"].items())
+        print(f"  turns on a shortest path: {100 * summary['shortest_path_share']:.1f} %; failures' first mistakes: {firsts}"
+              f" ({summary['first_mistake_toward_box']} of them a move toward the box)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1), encoding="utf-8")
 

@@ -35,7 +35,7 @@ def play(moves: list[str], seed: int) -> dict:
         success = success or bool(info["success"])
         if terminated or truncated:
             break
-    return {"seed": seed, "success": success, "turns": turns}
+    return {"seed": seed, "success": success, "turns": turns, "final_state": state}
 
 
 def test_a_constant_move_gets_stuck_and_a_back_and_forth_walks_between_two_states():
@@ -87,3 +87,53 @@ def test_levels_are_counted_by_the_length_of_their_shortest_solution():
         assert won == sum(episode["success"] for episode, m in zip(episodes, lengths) if m == int(n))
     other_symbols = {"turns": [{"state": episodes[0]["turns"][0]["state"].replace("#", "W")}]}
     assert sokoban_failures.shortest_solution(other_symbols) == "unknown"
+
+
+def test_each_turn_is_judged_against_the_oracles_moves_to_go_and_a_failure_by_its_first_mistake():
+    from ragen.envs.sokoban import ACTIONS, solve_env
+
+    env = recipe_env()
+    found = {}  # kind -> (seed, moves): the oracle's first moves, then one mistake of that kind; one kind a level
+    for seed in range(50):
+        env.reset(seed=seed)
+        plan = solve_env(env)
+        for turn in range(len(plan)):
+            for move in ACTIONS:
+                episode = play(plan[:turn] + [move], seed)
+                if move == plan[turn] or episode["success"]:
+                    continue
+                after, left = sokoban_failures.moves_to_go(episode["final_state"]), len(plan) - turn
+                kind = ("no effect" if not episode["turns"][-1]["action_effective"][0]
+                        else "dead end" if after is None else "detour" if after > left - 1 else None)
+                if kind and kind not in found and seed not in [level for level, _ in found.values()]:
+                    found[kind] = (seed, plan[:turn] + [move])
+        if len(found) == 3:
+            break
+    assert set(found) == {"no effect", "dead end", "detour"}
+    failures = []
+    for kind, (seed, moves) in found.items():
+        episode = play(moves + ["Up"] * (10 - len(moves)), seed)  # then whatever
+        verdicts = sokoban_failures.path_turns(episode)
+        assert verdicts[:len(moves)] == ["shortest"] * (len(moves) - 1) + [kind]
+        if kind == "dead end":  # nothing after a dead end is judged
+            assert len(verdicts) == len(moves)
+        if not episode["success"]:
+            failures.append((episode, len(moves) - 1, kind))
+    summary = sokoban_failures.summarize([episode for episode, _, _ in failures], last=4)
+    assert sum(summary["first_mistake"].values()) == len(failures) > 0
+    for episode, turn, kind in failures:
+        first = summary["first_mistakes"][episode["seed"]]
+        assert (first["turn"], first["kind"]) == (turn, kind)
+        assert first["slack"] == len(episode["turns"]) - sokoban_failures.shortest_solution(episode)
+    oracle = []
+    for seed in range(5):
+        env.reset(seed=seed)
+        oracle.append(play(solve_env(env), seed))
+    assert all(episode["success"] for episode in oracle)
+    assert sokoban_failures.summarize(oracle, last=4)["shortest_path_share"] == 1.0
+
+
+def test_a_move_toward_the_box_heads_at_its_row_or_column():
+    state = "\n".join(["# # # # # #", "# _ _ _ _ #", "# _ X _ _ #", "# _ _ _ P #", "# O _ _ _ #", "# # # # # #"])
+    assert sokoban_failures.toward_box(state, "Up") and sokoban_failures.toward_box(state, "Left")
+    assert not sokoban_failures.toward_box(state, "Down") and not sokoban_failures.toward_box(state, "Right")
