@@ -6,7 +6,8 @@
 A reproduction is published by copying what `scripts/reproduce.py` wrote into `public/results/<name>/`
 (`results.json`, and `curve.png` for the figure); `<name>` is the recipe, or the recipe and a variant
 (`sokoban_warm_start`). Each validation tag of each `results.json` is one row: the untrained model and the
-trained one on the runs' validation start states, the reference agents on those same states (one episode
+trained one on the runs' validation start states, or on its test levels when it has them (`reproduce.py
+--test-seed`: levels kept aside from every run and choice), the reference agents on those same states (one episode
 each, as the policy), RAGEN's published number, and how the row was measured. A reproduction made with
 `--warm-start` starts from each seed's warm start, so its "untrained" column holds the warm starts' scores
 and its row says so. A recipe of train.sh with no
@@ -53,9 +54,21 @@ def load_results(folder: Path) -> dict[str, dict]:
             for path in sorted(folder.glob("*/results.json"))}
 
 
+def reported(result: dict) -> tuple[dict, dict, list[int], str]:
+    """The success by tag, the reference agents by tag, the seeds and the levels a results.json is reported on: its
+    test levels if it has them (`reproduce.py --test-seed`: kept aside from every run and choice), else the
+    validation states the runs were watched on."""
+    test = result.get("test")
+    if test:
+        return (test["success"], test["baselines"], test["seeds"],
+                f"{test['test_groups']} test states from seed {test['test_seed']} (kept aside)")
+    return result["val_success"], result["baselines"], result["seeds"], \
+        f"{result['val_groups']} states from seed {result['val_seed']}"
+
+
 def measured_row(name: str, tag: str, result: dict, details: str) -> str:
-    row, base = result["val_success"][tag], result["baselines"][tag]
-    seeds = result["seeds"]
+    success, baselines, seeds, levels = reported(result)
+    row, base = success[tag], baselines[tag]
     trained = f"**{percent(row['after_mean'])}**" + (f" ± {100 * row['after_std']:.1f}" if len(seeds) > 1 else "")
     per_seed = ", ".join(percent(v) for v in row["after"])
     before = ", ".join(sorted({percent(v) for v in row["before"]}))
@@ -68,9 +81,8 @@ def measured_row(name: str, tag: str, result: dict, details: str) -> str:
         rl += f" (runs of seeds {', '.join(map(str, result['interrupted']))} stopped early)"
     runs = f"warm start ({' '.join(result['warm_start_args']) or 'defaults'}) + RL, {rl}" \
         if result.get("warm_start") else rl
-    how = (f"`{name}`: {len(seeds)} seeds, {runs}, {result['val_groups']} states from "
-           f"seed {result['val_seed']}; {result['model'].rsplit('/', 1)[-1]}, {result['machine']}, "
-           f"{result['date']} ([details]({details}))")
+    how = (f"`{name}`: {len(seeds)} seeds, {runs}, {levels}; {result['model'].rsplit('/', 1)[-1]}, "
+           f"{result['machine']}, {result['date']} ([details]({details}))")
     return (f"| {tag} | {before} → {trained} ({per_seed}) | {percent(base['random'])} | {constant} | {oracle} | "
             f"{PAPER.get(tag, '—')} | {how} |")
 
@@ -79,7 +91,7 @@ def table(results: dict[str, dict], details: str) -> str:
     lines = ["| environment | untrained → trained (mean ± std over seeds; per seed) | random | best constant move "
              "| oracle | RAGEN paper (Qwen2.5-0.5B) | measured |", "|---|---|---|---|---|---|---|"]
     for name, result in results.items():
-        lines += [measured_row(name, tag, result, details) for tag in result["val_success"]]
+        lines += [measured_row(name, tag, result, details) for tag in reported(result)[0]]
     published = {result["recipe"] for result in results.values()}
     for recipe in RECIPES:
         if recipe not in published:

@@ -155,6 +155,16 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
     text = module.table(module.load_results(tmp_path), "#results")
     assert ("warm start (--train-size=8000) + RL, no RL step validated (runs of seeds 1, 2, 3 stopped early)"
             in text)
+    tested = warm | {"seeds": [1, 2], "test": {  # reproduce.py --test-seed: the row is on the kept-aside levels
+        "test_seed": 115000000, "test_groups": 128, "seeds": [1, 2],
+        "baselines": {"Bandit": {"random": 0.0625, "constant": ["Up", 0.0], "oracle": 1.0}},
+        "success": {"Bandit": {"before": [0.797, 0.789], "after": [0.8125, 0.766], "after_mean": 0.789,
+                               "after_std": 0.033}}}}
+    (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(tested))
+    text = module.table(module.load_results(tmp_path), "#results")
+    assert ("| Bandit | 78.9 %, 79.7 % → **78.9 %** ± 3.3 (81.2 %, 76.6 %) | 6.2 % | 0.0 % (Up) | 100.0 % |" in text
+            and "`sokoban_warm_start`: 2 seeds, warm start (--train-size=8000) + RL, 1 steps, 128 test states from "
+                "seed 115000000 (kept aside);" in text)
     (tmp_path / "sokoban_warm_start" / "results.json").unlink()
     text = module.table(module.load_results(tmp_path), "#results")
 
