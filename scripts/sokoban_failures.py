@@ -121,16 +121,16 @@ def summarize(episodes: list[dict], last: int) -> dict:
     order = sorted(set(lengths), key=lambda n: (isinstance(n, str), n))
     played, solved = Counter(lengths), Counter(n for n, episode in zip(lengths, episodes) if episode["success"])
     verdicts = [path_turns(episode) for episode in episodes]
-    mistakes = {}  # failed episode's seed -> its first mistake: {"turn", "kind", "slack"}
-    for episode, turns in zip(episodes, verdicts):
-        if episode["success"] or turns == "unknown":
+    mistakes = {}  # failed episode's seed -> its first mistake: {"turn", "kind", "slack"[, "toward_box"]}
+    for episode, turns, length in zip(episodes, verdicts, lengths):
+        if episode["success"] or turns == "unknown" or length == "unknown":
             continue
         turn = next((index for index, verdict in enumerate(turns) if verdict != "shortest"), None)
-        mistakes[episode["seed"]] = {"turn": turn, "kind": "none" if turn is None else turns[turn],
-                                     "slack": len(episode["turns"]) - shortest_solution(episode)}
+        first = {"turn": turn, "kind": "none", "slack": len(episode["turns"]) - length}
         if turn is not None:
-            mistake = episode["turns"][turn]
-            mistakes[episode["seed"]]["toward_box"] = toward_box(mistake["state"], mistake["actions"][0])
+            wrong = episode["turns"][turn]
+            first |= {"kind": turns[turn], "toward_box": toward_box(wrong["state"], wrong["actions"][0])}
+        mistakes[episode["seed"]] = first
     on_path = [verdict == "shortest" for turns in verdicts if turns != "unknown" for verdict in turns]
     return {"episodes": len(episodes), "solved": len(episodes) - len(failed),
             "solved_by_shortest_solution": {str(n): [solved[n], played[n]] for n in order},
