@@ -1,11 +1,13 @@
 """Throughput of the parts of a step on this machine: rollout generation, the actor update, the critic.
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
-                                     [--seq-len 600] [--generated-tokens 100]
+                                     [--seq-len 600] [--generated-tokens 100] [--dtype bfloat16]
 
-Generation uses the HF rollout engine (bf16, KV cache, left-padded batch, EOS ignored, so every row
+First the matmul peaks in bf16 and fp32: a CPU without AMX may run fp32 faster (then try --dtype float32, and
+the same keys in training: actor_rollout_ref.model.dtype, actor_rollout_ref.rollout.dtype; SFT's model.dtype).
+Generation uses the HF rollout engine (--dtype, KV cache, left-padded batch, EOS ignored, so every row
 generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on
-sequences of --seq-len tokens under bf16 autocast with fp32 master weights, as ActorRolloutRefWorker does;
+sequences of --seq-len tokens under --dtype autocast with fp32 master weights, as ActorRolloutRefWorker does;
 the last --generated-tokens of each are the policy's (loss_mask), the rest prompt and observations (a
 FrozenLake trajectory: ~110 generated of ~680). The actor computes logits only at generated tokens.
 The critic (the same backbone with a value head) is timed the same way: values, then one update.
@@ -16,6 +18,7 @@ import time
 
 import torch
 
+from flops import matmul_peak
 from verl.protocol import DataProto
 from verl.trainer.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RolloutConfig
 from verl.utils.model import load_tokenizer, resolve_model_path
@@ -34,16 +37,21 @@ def main() -> None:
     parser.add_argument("--generated-tokens", type=int, default=100)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="compute dtype of the actor, the critic and the rollout engine (default: the configs')")
     args = parser.parse_args()
 
+    peaks = {name: matmul_peak(dtype=getattr(torch, name)) / 1e9 for name in ("bfloat16", "float32")}
+    print("matmul peak: " + ", ".join(f"{name} {gflops:.0f} GFLOP/s" for name, gflops in peaks.items()))
     path = resolve_model_path(args.model)
-    config = ActorRolloutRefConfig(model=ModelConfig(path=path), rollout=RolloutConfig())
+    config = ActorRolloutRefConfig(model=ModelConfig(path=path, dtype=args.dtype),
+                                   rollout=RolloutConfig(dtype=args.dtype))
     config.actor.ppo_mini_batch_size = args.train_batch
     config.actor.ppo_micro_batch_size_per_gpu = args.micro_batch
     worker = ActorRolloutRefWorker(config, rank=0, world_size=1, init_method=None)
     worker.init_model()
     vocab = len(load_tokenizer(path))
-    print(f"model {args.model}, torch threads {torch.get_num_threads()}")
+    print(f"model {args.model}, {args.dtype}, torch threads {torch.get_num_threads()}")
 
     for batch in args.batch:
         prompts = torch.randint(100, vocab, (batch, args.prompt_len)).tolist()
@@ -64,9 +72,10 @@ def main() -> None:
         "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t),
         "adv_mask": loss_mask, "returns": torch.randn(n, t)})
     data = data.union(timed_tokens("old log-probs", n * t, lambda: worker.compute_log_prob(data)))
+    data.batch["rollout_log_probs"] = data.batch["old_log_probs"].clone()  # as if the engine sampled this policy
     timed_tokens(f"update (fwd+bwd+step, micro-batch {args.micro_batch})", n * t, lambda: worker.update_actor(data))
 
-    critic_config = CriticConfig(model=ModelConfig(path=path), ppo_mini_batch_size=n, ppo_epochs=1,
+    critic_config = CriticConfig(model=ModelConfig(path=path, dtype=args.dtype), ppo_mini_batch_size=n, ppo_epochs=1,
                                  ppo_micro_batch_size_per_gpu=args.micro_batch,
                                  forward_micro_batch_size_per_gpu=config.rollout.log_prob_micro_batch_size_per_gpu)
     critic = CriticWorker(critic_config, rank=0, world_size=1, init_method=None)

@@ -1,15 +1,16 @@
-"""FLOP counts and the machine's bf16 matmul peak, shared by the benchmarks that report a share of the
-compute bound (benchmark_rollout.py, benchmark_vs_trl.py). Counts are the matmuls of a Llama-family decoder
-(its config's sizes); element-wise work is not counted."""
+"""FLOP counts and the machine's matmul peak, shared by the benchmarks that report a share of the
+compute bound (benchmark_rollout.py, benchmark_vs_trl.py) or the peaks (benchmark_step.py). Counts are the
+matmuls of a Llama-family decoder (its config's sizes); element-wise work is not counted."""
 
 import time
 
 import torch
 
 
-def matmul_peak(size: int = 2048, repeats: int = 10) -> float:
-    """bf16 GEMM FLOP/s of this machine at its torch thread count (the best of `repeats`)."""
-    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
+def matmul_peak(size: int = 2048, repeats: int = 10, dtype: torch.dtype = torch.bfloat16) -> float:
+    """GEMM FLOP/s of this machine in `dtype` at its torch thread count (the best of `repeats`). A CPU without
+    AMX tiles (`amx_bf16` in /proc/cpuinfo) may run fp32 faster than bf16."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
