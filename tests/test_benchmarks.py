@@ -1,0 +1,43 @@
+"""The benchmark scripts still run through to their figures. They are run by hand, on the bundled model and at
+sizes that take minutes, so a change elsewhere can break one unnoticed (benchmark_step.py stopped at the actor
+update for a while, when the actor began to need the engine's log-probs); here each runs on a tiny random model
+at the smallest sizes and must print every figure it promises."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[1]
+
+
+def run_script(name: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_benchmark_step_prints_every_part_of_a_step(tiny_model_path, dtype):
+    out = run_script("benchmark_step.py", "--model", tiny_model_path, "--batch", "2", "--prompt-len", "8",
+                     "--new-tokens", "2", "--seq-len", "16", "--generated-tokens", "4", "--train-batch", "2",
+                     "--micro-batch", "1", "--dtype", dtype)
+    assert "matmul peak: bfloat16" in out and "float32" in out
+    assert f", {dtype}, torch threads" in out
+    for part in ("generate: batch   2", "old log-probs:", "update (fwd+bwd+step", "critic values:", "critic update"):
+        assert part in out, (part, out)
+
+
+def test_benchmark_generate_prints_its_speed(tiny_model_path):
+    out = run_script("benchmark_generate.py", "--engine", "torch", "--model", tiny_model_path, "--dtype", "float32",
+                     "--batch", "2", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1")
+    assert "tokens/s" in out, out
+
+
+def test_benchmark_rollout_prints_its_table(tiny_model_path):
+    out = run_script("benchmark_rollout.py", "--engine", "torch", "--model", tiny_model_path, "--groups", "1",
+                     "--group-size", "2", "--turns", "2", "--response-length", "4", "--prefix-cache", "on", "off")
+    assert "tokens/s" in out, out
