@@ -1,7 +1,9 @@
 """The benchmark scripts still run through to their figures. They are run by hand, on the bundled model and at
 sizes that take minutes, so a change elsewhere can break one unnoticed (benchmark_step.py stopped at the actor
-update for a while, when the actor began to need the engine's log-probs); here each runs on a tiny random model
-at the smallest sizes and must print every figure it promises."""
+update for a while, when the actor began to need the engine's log-probs); here each runs at the smallest sizes,
+on a tiny random model where it needs one, and must print every figure it promises. Not here: the ones that
+train whole recipes (benchmark_cost_growth.py, benchmark_memory.py) or need another environment
+(benchmark_vs_trl.py: TRL's; benchmark_llamacpp.py: llama.cpp)."""
 
 import os
 import subprocess
@@ -41,3 +43,13 @@ def test_benchmark_rollout_prints_its_table(tiny_model_path):
     out = run_script("benchmark_rollout.py", "--engine", "torch", "--model", tiny_model_path, "--groups", "1",
                      "--group-size", "2", "--turns", "2", "--response-length", "4", "--prefix-cache", "on", "off")
     assert "tokens/s" in out, out
+
+
+def test_benchmark_envs_prints_steps_and_level_generation():
+    out = run_script("benchmark_envs.py", "--seconds", "0.05", "--levels", "3")
+    assert "sokoban" in out and "Sokoban level generation over 3 seeds" in out, out
+
+
+def test_benchmark_env_servers_prints_each_way_of_stepping():
+    out = run_script("benchmark_env_servers.py", "--envs", "2", "--latencies-ms", "0", "--turns", "1")
+    assert "one by one  concurrent   server" in out and "server:" in out, out
