@@ -16,8 +16,9 @@ Writes to `--out` (default `results/<recipe>`):
   batch and within groups, 4-gram repetition of the replies); results.md gives their early and late means.
 Extra `key=value` arguments go to every run (e.g. `trainer.total_training_steps=10`). With `--warm-start`, each seed's
 RL run starts from its own warm start, `bash sft/warm_start.sh <recipe>` with `trainer.seed=S` and each
-`--warm-start-arg` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there; an interrupted
-one goes on from its last save), so "before" in the table is the warm start's validation and "after" the RL's, on the same
+`--warm-start-arg` (written to `runs/warm_seed_<S>/`, skipped when a finished one is there, also one copied from
+another `--out` made by the same arguments, to compare RL levers from one warm start; an interrupted one goes on
+from its last save), so "before" in the table is the warm start's validation and "after" the RL's, on the same
 start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
 that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint
@@ -94,10 +95,16 @@ def run_command(recipe: str, seed: int, run_dir: Path, val_seed: int, overrides:
 
 def warm_start(recipe: str, seed: int, folder: Path, extra: list[str]) -> Path:
     """The seed's warm start (sft/warm_start.sh with the `extra` arguments), made once: `warm_start.json` marks a
-    finished one."""
+    finished one. One made by the same command into another folder and copied here is reused too, so that RL
+    levers are compared from one warm start (`cp -r <out>/runs/warm_seed_<S> <other out>/runs/`)."""
     done = folder / "warm_start.json"
     command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}", *extra]
-    if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
+
+    def without_folder(words: list[str]) -> list[str]:
+        return words[:3] + words[4:]
+
+    if done.is_file() and without_folder(json.loads(done.read_text(encoding="utf-8"))["command"]) == \
+            without_folder(command):
         print(f"[reproduce] seed {seed}: reusing the warm start in {folder}", flush=True)
         return folder
     print(f"[reproduce] {' '.join(command)}", flush=True)

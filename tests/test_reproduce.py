@@ -4,6 +4,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,8 +149,13 @@ def test_a_warm_start_is_made_once_per_seed_and_reused(tmp_path, monkeypatch):
     assert calls[0][1].endswith("sft/warm_start.sh") and calls[0][2:] == ["sokoban", str(folder), "trainer.seed=2"]
     reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", [])  # finished: not made again
     assert len(calls) == 1
+    copy = tmp_path / "other_out" / "warm_seed_2"  # copied into another --out folder: reused there
+    shutil.copytree(folder, copy)
+    assert reproduce.warm_start("sokoban", 2, copy, []) == copy and len(calls) == 1
     reproduce.warm_start("sokoban", 2, tmp_path / "warm_seed_2", ["--noise=0.2"])  # other arguments: made anew
     assert len(calls) == 2 and calls[1][-2:] == ["trainer.seed=2", "--noise=0.2"]
+    reproduce.warm_start("sokoban", 3, copy, [])  # another seed: made anew, even in a folder with a warm start
+    assert len(calls) == 3
 
     monkeypatch.setattr(reproduce, "run_stage", lambda command, log: 1)
     with pytest.raises(SystemExit, match="warm start of seed 3 failed"):
