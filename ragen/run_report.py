@@ -7,6 +7,8 @@ Ctrl-C, what was saved and how to go on. Both read the config and the files on d
 import time
 from pathlib import Path
 
+import torch
+
 from ragen.config import RagenConfig
 from verl.utils import checkpoint
 from verl.utils.tracking import duration, read_jsonl
@@ -34,7 +36,21 @@ def print_banner(cfg: RagenConfig, use_critic: bool) -> None:
                       "time per step: estimated after the first one")
     lines["checkpoints"] = f"{run_dir}/global_step_<N>/, {saved_when(trainer.save_freq)}"
     lines |= destinations(cfg)
+    if (hint := bf16_without_amx(cfg)) is not None:
+        lines["compute"] = hint
     print("\n".join(f"[ragen] {key:<12} {value}" for key, value in lines.items()), flush=True)
+
+
+def bf16_without_amx(cfg: RagenConfig, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """A run computing in bf16 on a CPU without AMX tiles, where fp32 may be the faster dtype (2 such cores: bf16
+    matmuls at half fp32's speed; docs/engines-speed-memory.md): how to check and switch. None on a GPU, in fp32,
+    or where the CPU's flags cannot be read."""
+    model = cfg.actor_rollout_ref.model
+    if torch.cuda.is_available() or "bfloat16" not in (model.dtype, cfg.actor_rollout_ref.rollout.dtype) \
+            or not cpuinfo.is_file() or "amx_bf16" in cpuinfo.read_text(encoding="utf-8", errors="replace"):
+        return None
+    return ("bf16 on a CPU without AMX, where fp32 may be faster: python scripts/benchmark_step.py prints both "
+            "matmul peaks; actor_rollout_ref.model.dtype=float32 actor_rollout_ref.rollout.dtype=float32 switch")
 
 
 def destinations(cfg: RagenConfig) -> dict[str, str]:

@@ -1,7 +1,9 @@
 import time
 
+import torch
+
 from ragen.overrides import load_config
-from ragen.run_report import print_banner, summary
+from ragen.run_report import bf16_without_amx, print_banner, summary
 from verl.utils import checkpoint
 
 
@@ -46,3 +48,21 @@ def test_summary_without_metrics_jsonl_takes_the_step_from_the_checkpoint(tmp_pa
     checkpoint.commit(staging, 3, {"step": 3, "world_size": 1}, run_config={}, keep=None)
     text = summary(cfg, started)
     assert text.startswith("[ragen] interrupted after step 3 of 20") and "metrics.jsonl" not in text
+
+
+def test_bf16_on_a_cpu_without_amx_is_pointed_at_fp32(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    without, with_amx = tmp_path / "cpuinfo_without", tmp_path / "cpuinfo_with"
+    without.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    with_amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+    bf16, fp32 = config(tmp_path), config(tmp_path, "actor_rollout_ref.model.dtype=float32",
+                                          "actor_rollout_ref.rollout.dtype=float32")
+    hint = bf16_without_amx(bf16, without)
+    assert "fp32 may be faster" in hint and "actor_rollout_ref.model.dtype=float32" in hint
+    assert bf16_without_amx(bf16, with_amx) is None
+    assert bf16_without_amx(fp32, without) is None
+    engine_bf16 = config(tmp_path, "actor_rollout_ref.model.dtype=float32")  # the engine still in bf16
+    assert bf16_without_amx(engine_bf16, without) is not None
+    assert bf16_without_amx(bf16, tmp_path / "absent") is None  # no /proc/cpuinfo (macOS): no guess
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bf16_without_amx(bf16, without) is None
