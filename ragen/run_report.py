@@ -45,8 +45,8 @@ def bf16_without_amx(cfg: RagenConfig, cpuinfo: Path = Path("/proc/cpuinfo")) ->
     """A run computing in bf16 on a CPU without AMX tiles, where fp32 may be the faster dtype (2 such cores: bf16
     matmuls at half fp32's speed; docs/engines-speed-memory.md): how to check and switch. None on a GPU, in fp32,
     or where the CPU's flags cannot be read."""
-    model = cfg.actor_rollout_ref.model
-    if torch.cuda.is_available() or "bfloat16" not in (model.dtype, cfg.actor_rollout_ref.rollout.dtype) \
+    dtypes = (cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.rollout.dtype)
+    if torch.cuda.is_available() or "bfloat16" not in dtypes \
             or not cpuinfo.is_file() or "amx_bf16" in cpuinfo.read_text(encoding="utf-8", errors="replace"):
         return None
     return ("bf16 on a CPU without AMX, where fp32 may be faster: python scripts/benchmark_step.py prints both "

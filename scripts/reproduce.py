@@ -98,13 +98,10 @@ def warm_start(recipe: str, seed: int, folder: Path, extra: list[str]) -> Path:
     finished one. One made by the same command into another folder and copied here is reused too, so that RL
     levers are compared from one warm start (`cp -r <out>/runs/warm_seed_<S> <other out>/runs/`)."""
     done = folder / "warm_start.json"
-    command = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe, str(folder), f"trainer.seed={seed}", *extra]
-
-    def without_folder(words: list[str]) -> list[str]:
-        return words[:3] + words[4:]
-
-    if done.is_file() and without_folder(json.loads(done.read_text(encoding="utf-8"))["command"]) == \
-            without_folder(command):
+    head, tail = ["bash", str(ROOT / "sft" / "warm_start.sh"), recipe], [f"trainer.seed={seed}", *extra]
+    command = [*head, str(folder), *tail]
+    recorded = json.loads(done.read_text(encoding="utf-8"))["command"] if done.is_file() else None
+    if recorded is not None and recorded[:len(head)] == head and recorded[len(head) + 1:] == tail:  # in any folder
         print(f"[reproduce] seed {seed}: reusing the warm start in {folder}", flush=True)
         return folder
     print(f"[reproduce] {' '.join(command)}", flush=True)
