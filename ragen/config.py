@@ -256,8 +256,8 @@ def _validate_rollout(cfg: RagenConfig) -> None:
     rollout, val, proxy = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.val_kwargs, cfg.agent_proxy
     _check(rollout.name in ROLLOUT_ENGINES,
            f"actor_rollout_ref.rollout.name={rollout.name!r}: choose one of {sorted(ROLLOUT_ENGINES)}")
-    _check(rollout.dtype in DTYPES,
-           f"actor_rollout_ref.rollout.dtype={rollout.dtype!r}: choose one of {sorted(DTYPES)}")
+    _check(rollout.dtype == "auto" or rollout.dtype in DTYPES,
+           f"actor_rollout_ref.rollout.dtype={rollout.dtype!r}: choose auto or one of {sorted(DTYPES)}")
     _check(math.isfinite(rollout.temperature) and rollout.temperature > 0,
            "actor_rollout_ref.rollout.temperature must be finite and > 0")
     _check(math.isfinite(val.temperature) and val.temperature >= 0,
@@ -289,8 +289,9 @@ def _validate_optimization(cfg: RagenConfig) -> None:
     """The trained models (the critic's settings too, even when no critic trains): dtype, optimizer, clipping."""
     lora = cfg.lora
     for key, model in (("actor_rollout_ref.model", cfg.actor_rollout_ref.model), ("critic.model", cfg.critic.model)):
-        _check(model.dtype in ("bfloat16", "float32"), f"{key}.dtype={model.dtype!r}: use bfloat16 or float32 "
-               "(float16 has no fast CPU kernels and would need loss scaling, which this trainer does not do)")
+        _check(model.dtype in ("auto", "bfloat16", "float32"),
+               f"{key}.dtype={model.dtype!r}: use auto, bfloat16 or float32 (float16 has no fast CPU kernels "
+               "and would need loss scaling, which this trainer does not do)")
     for key, trainer in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("critic", cfg.critic)):
         _check(math.isfinite(trainer.grad_clip) and trainer.grad_clip > 0,
                f"{key}.grad_clip must be finite and > 0 (the max gradient norm)")

@@ -11,6 +11,7 @@ import torch
 
 from ragen.config import RagenConfig
 from verl.utils import checkpoint
+from verl.utils.model import cpu_has_amx, resolve_dtype
 from verl.utils.tracking import duration, read_jsonl
 
 
@@ -36,21 +37,26 @@ def print_banner(cfg: RagenConfig, use_critic: bool) -> None:
                       "time per step: estimated after the first one")
     lines["checkpoints"] = f"{run_dir}/global_step_<N>/, {saved_when(trainer.save_freq)}"
     lines |= destinations(cfg)
-    if (hint := bf16_without_amx(cfg)) is not None:
-        lines["compute"] = hint
+    lines["compute"] = compute_line(cfg)
     print("\n".join(f"[ragen] {key:<12} {value}" for key, value in lines.items()), flush=True)
 
 
-def bf16_without_amx(cfg: RagenConfig, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """A run computing in bf16 on a CPU without AMX tiles, where fp32 may be the faster dtype (2 such cores: bf16
-    matmuls at half fp32's speed; docs/engines-speed-memory.md): how to check and switch. None on a GPU, in fp32,
-    or where the CPU's flags cannot be read."""
-    dtypes = (cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.rollout.dtype)
-    if torch.cuda.is_available() or "bfloat16" not in dtypes \
-            or not cpuinfo.is_file() or "amx_bf16" in cpuinfo.read_text(encoding="utf-8", errors="replace"):
-        return None
-    return ("bf16 on a CPU without AMX, where fp32 may be faster: python scripts/benchmark_step.py prints both "
-            "matmul peaks; actor_rollout_ref.model.dtype=float32 actor_rollout_ref.rollout.dtype=float32 switch")
+def compute_line(cfg: RagenConfig, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The dtypes the actor and the rollout engine compute in on this machine (`auto`: bf16 on a GPU or a CPU with
+    AMX tiles, else fp32), and for bf16 chosen on a CPU without AMX, where bf16 matmuls run at half fp32's speed
+    or slower (docs/engines-speed-memory.md), how to check and switch. No guess where the CPU's flags cannot be
+    read (/proc/cpuinfo)."""
+    given = (cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.rollout.dtype)
+    actor, engine = (resolve_dtype(dtype, cpuinfo) for dtype in given)
+    line = f"actor in {actor}, rollout engine in {engine}"
+    if "auto" in given:
+        line += " (auto: bf16 on a GPU or a CPU with AMX, else fp32)"
+    if "bfloat16" in (actor, engine) and not torch.cuda.is_available() and cpuinfo.is_file() \
+            and not cpu_has_amx(cpuinfo):
+        line += ("; bf16 on a CPU without AMX, where fp32 may be faster: python scripts/benchmark_step.py prints "
+                 "both matmul peaks; actor_rollout_ref.model.dtype=auto actor_rollout_ref.rollout.dtype=auto "
+                 "switch to fp32 here")
+    return line
 
 
 def destinations(cfg: RagenConfig) -> dict[str, str]:

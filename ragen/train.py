@@ -34,7 +34,7 @@ from verl.trainer.watchdog import WatchdogStop
 from verl.utils import checkpoint, memory, run_folder
 from verl.utils.fingerprint import WeightSyncError
 from verl.utils.model import (ModelNotFoundError, eos_token_ids, load_processor, load_tokenizer,
-                              max_context_length, resolve_model_path)
+                              max_context_length, resolve_dtype, resolve_model_path)
 from verl.utils.tracking import Tracking, quiet_libraries
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
@@ -136,7 +136,7 @@ def checkpoint_bytes(cfg: RagenConfig, use_critic: bool) -> int:
     """About the size of one checkpoint: the weights as saved and two fp32 Adam moments per trained parameter
     (the optimizer state), for the actor and the critic."""
     shape = memory.model_shape(cfg.actor_rollout_ref.model.path)
-    weight_bytes = 2 if cfg.actor_rollout_ref.model.dtype == "bfloat16" else 4
+    weight_bytes = 2 if resolve_dtype(cfg.actor_rollout_ref.model.dtype) == "bfloat16" else 4
     trained = memory.lora_params(cfg.actor_rollout_ref.model.path, cfg.lora.rank, cfg.lora.target_modules) \
         if cfg.lora.rank > 0 else shape.params
     return shape.params * weight_bytes + trained * 8 + (shape.params * (4 + 8) if use_critic else 0)
@@ -151,7 +151,7 @@ def check_memory(cfg: RagenConfig, ranks: int, use_critic: bool, use_reference: 
     tokens = 500 + cfg.agent_proxy.max_turn * (rollout.response_length + 150)  # an upper guess of a trajectory
     parts = memory.estimate_per_rank(
         shape, world_size=ranks, sharded=False, trainable_fraction=trainable, reference=use_reference and lora.rank == 0,
-        critic=use_critic, rollout_bytes=2 if rollout.dtype != "float32" else 4,
+        critic=use_critic, rollout_bytes=2 if resolve_dtype(rollout.dtype) != "float32" else 4,
         micro_batch=max(actor.ppo_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size_per_gpu),
         tokens=min(tokens, rollout.max_model_len or tokens),
         generated_tokens=cfg.agent_proxy.max_turn * rollout.response_length,

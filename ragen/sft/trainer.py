@@ -46,7 +46,8 @@ from verl.utils.checkpoint import (config_changes, fixed_changes, listed_changes
                                    save_train_state)
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard
 from verl.utils.lora import load_adapter_weights, merge_lora, save_adapter
-from verl.utils.model import load_processor, load_tokenizer, pack_shared_prefix, read_weights, resolve_model_path, untied
+from verl.utils.model import (load_processor, load_tokenizer, pack_shared_prefix, read_weights, resolve_dtype,
+                              resolve_model_path, untied)
 from verl.utils.run_folder import check_name, check_run_dir
 from verl.utils.tracking import Tracking
 from verl.utils.vlm import pixel_inputs
@@ -183,6 +184,7 @@ class SFTTrainer(Worker):
                 publish(staging.parent, staging.parent.parent)  # a save killed while it moved its files
         dist.barrier()
         cfg.model.path = resolve_model_path(cfg.model.path)
+        cfg.model.dtype = resolve_dtype(cfg.model.dtype)  # `auto` made concrete here (and saved so)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.train = load_split(cfg.data.train_file, self.tokenizer, cfg.data.max_length)
         self.test = load_split(cfg.data.test_file, self.tokenizer, cfg.data.max_length)

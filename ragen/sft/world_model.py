@@ -319,7 +319,7 @@ def score_replies(replies: list[str], states: list[str], next_states: list[str],
 
 
 def score_model(model_path: str, data_file: Path, max_turns: int = 256, batch_size: int = 32,
-                max_new_tokens: int | None = None, engine_name: str = "torch", dtype: str = "bfloat16") -> dict:
+                max_new_tokens: int | None = None, engine_name: str = "torch", dtype: str = "auto") -> dict:
     """Greedy world-model replies of `model_path` to the first `max_turns` turns of `data_file` (its rows'
     prompts), scored by `score_replies`. `max_new_tokens` defaults to the longest true reply plus 32."""
     model_path = resolve_model_path(model_path)

@@ -285,7 +285,7 @@ def test_out_of_range_values_fail_naming_the_key_and_the_range(override, key):
 
 
 def test_float16_training_is_refused_with_the_dtypes_to_use():
-    with pytest.raises(ConfigError, match="use bfloat16 or float32"):
+    with pytest.raises(ConfigError, match="use auto, bfloat16 or float32"):
         validate(load("base", "scale=cpu", "actor_rollout_ref.model.dtype=float16"), world_size=1)
 
 

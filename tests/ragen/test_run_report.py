@@ -3,7 +3,7 @@ import time
 import torch
 
 from ragen.overrides import load_config
-from ragen.run_report import bf16_without_amx, print_banner, summary
+from ragen.run_report import compute_line, print_banner, summary
 from verl.utils import checkpoint
 
 
@@ -50,19 +50,23 @@ def test_summary_without_metrics_jsonl_takes_the_step_from_the_checkpoint(tmp_pa
     assert text.startswith("[ragen] interrupted after step 3 of 20") and "metrics.jsonl" not in text
 
 
-def test_bf16_on_a_cpu_without_amx_is_pointed_at_fp32(tmp_path, monkeypatch):
+def test_the_banner_names_the_dtypes_and_points_bf16_on_a_cpu_without_amx_at_fp32(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     without, with_amx = tmp_path / "cpuinfo_without", tmp_path / "cpuinfo_with"
     without.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
     with_amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
-    bf16, fp32 = config(tmp_path), config(tmp_path, "actor_rollout_ref.model.dtype=float32",
-                                          "actor_rollout_ref.rollout.dtype=float32")
-    hint = bf16_without_amx(bf16, without)
-    assert "fp32 may be faster" in hint and "actor_rollout_ref.model.dtype=float32" in hint
-    assert bf16_without_amx(bf16, with_amx) is None
-    assert bf16_without_amx(fp32, without) is None
-    engine_bf16 = config(tmp_path, "actor_rollout_ref.model.dtype=float32")  # the engine still in bf16
-    assert bf16_without_amx(engine_bf16, without) is not None
-    assert bf16_without_amx(bf16, tmp_path / "absent") is None  # no /proc/cpuinfo (macOS): no guess
+    auto = config(tmp_path)  # the default: auto
+    assert compute_line(auto, without) == "actor in float32, rollout engine in float32 (auto: bf16 on a GPU or a " \
+        "CPU with AMX, else fp32)"
+    assert compute_line(auto, with_amx).startswith("actor in bfloat16, rollout engine in bfloat16 (auto")
+    bf16 = config(tmp_path, "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16")
+    line = compute_line(bf16, without)
+    assert line.startswith("actor in bfloat16, rollout engine in bfloat16; ") and "fp32 may be faster" in line
+    assert "actor_rollout_ref.model.dtype=auto" in line
+    assert compute_line(bf16, with_amx) == "actor in bfloat16, rollout engine in bfloat16"
+    engine_bf16 = config(tmp_path, "actor_rollout_ref.model.dtype=float32", "actor_rollout_ref.rollout.dtype=bfloat16")
+    assert "fp32 may be faster" in compute_line(engine_bf16, without)
+    assert "fp32 may be faster" not in compute_line(bf16, tmp_path / "absent")  # no /proc/cpuinfo (macOS): no guess
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert bf16_without_amx(bf16, without) is None
+    assert compute_line(auto, without).startswith("actor in bfloat16, rollout engine in bfloat16 (auto")
+    assert "fp32 may be faster" not in compute_line(bf16, without)

@@ -8,7 +8,7 @@ import torch
 from huggingface_hub import errors
 
 from verl.utils import model as model_utils
-from verl.utils.model import ModelNotFoundError, resolve_model_path
+from verl.utils.model import ModelNotFoundError, resolve_dtype, resolve_model_path
 
 
 def test_bundled_model_converts_to_a_safetensors_folder(bundled_model_path):
@@ -182,3 +182,16 @@ def test_packed_rows_give_the_rows_own_log_probs_and_gradients(tiny_model_path):
     torch.testing.assert_close(one, rows, rtol=0, atol=1e-5)
     for name, grad in row_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_auto_dtype_is_bf16_on_a_gpu_or_a_cpu_with_amx_and_fp32_on_other_cpus(tmp_path, monkeypatch):
+    without, with_amx = tmp_path / "cpuinfo_without", tmp_path / "cpuinfo_with"
+    without.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    with_amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_dtype("auto", with_amx) == "bfloat16"
+    assert resolve_dtype("auto", without) == "float32"
+    assert resolve_dtype("auto", tmp_path / "absent") == "float32"  # flags unknown (macOS): the safe dtype
+    assert resolve_dtype("bfloat16", without) == "bfloat16" and resolve_dtype("float32", with_amx) == "float32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_dtype("auto", without) == "bfloat16"

@@ -24,7 +24,7 @@ class OptimConfig:
 @dataclass
 class ModelConfig:
     path: str = "${model_path}"  # resolved at start-up (bundled model, local folder or hub id)
-    dtype: str = "bfloat16"  # bfloat16 | float32: forward-pass compute dtype (bf16 autocast); master weights stay fp32
+    dtype: str = "auto"  # auto (bf16 on a GPU or an AMX CPU, else fp32) | bfloat16 | float32; master weights stay fp32
     enable_gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~30% slower
     cpu_offload: bool = False  # FSDP keeps the weight shards, gradients and optimizer step in CPU memory (for GPUs)
 
@@ -78,7 +78,7 @@ class RolloutConfig:
     top_k: int = 0  # 0 disables top-k
     response_length: int = 400  # max new tokens per turn
     max_model_len: int | None = None  # longest trajectory in tokens; None: the model's max_position_embeddings
-    dtype: str = "bfloat16"  # rollout weights: bfloat16 | float32 | float16 (never on CPU: no fast kernels)
+    dtype: str = "auto"  # rollout weights: auto (as model.dtype's) | bfloat16 | float32 | float16 (never on CPU)
     # after every weight sync, compare fingerprints of the trainer's and the engine's live weights; a mismatch
     # stops the run (verl/utils/fingerprint.py)
     check_weight_sync: bool = True

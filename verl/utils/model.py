@@ -27,6 +27,19 @@ BUNDLED_MODELS = {
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU has AMX tiles for bf16 (`amx_bf16` in /proc/cpuinfo); False where the flags cannot be read."""
+    return cpuinfo.is_file() and "amx_bf16" in cpuinfo.read_text(encoding="utf-8", errors="replace")
+
+
+def resolve_dtype(dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """A config's dtype, `auto` made concrete where the model runs: bf16 on a CUDA GPU or a CPU with AMX tiles,
+    fp32 on other CPUs, where bf16 matmuls run at half fp32's speed or slower (docs/engines-speed-memory.md)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if torch.cuda.is_available() or cpu_has_amx(cpuinfo) else "float32"
+
+
 class ModelNotFoundError(FileNotFoundError):
     """The model named by `model_path` cannot be found; the message says how to get it."""
 

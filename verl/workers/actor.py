@@ -30,7 +30,7 @@ from verl.utils.fingerprint import check_weight_sync, weight_fingerprints
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
 from verl.utils.model import (DTYPES, attention_implementation, enable_activation_checkpointing, forward_inputs,
-                              last_hidden_states, load_causal_lm, load_tokenizer, read_weights, untied)
+                              last_hidden_states, load_causal_lm, load_tokenizer, read_weights, resolve_dtype, untied)
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
@@ -39,7 +39,10 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: ActorRolloutRefConfig, lora: LoraConfig | None = None, *, rank: int, world_size: int,
                  init_method: str | None, verbose: bool = True):
         super().__init__(rank, world_size, init_method, verbose)
-        self.config, self.lora = config, lora or LoraConfig()
+        # `auto` dtypes made concrete on the machine the worker runs on
+        self.config = replace(config, model=replace(config.model, dtype=resolve_dtype(config.model.dtype)),
+                              rollout=replace(config.rollout, dtype=resolve_dtype(config.rollout.dtype)))
+        self.lora = lora or LoraConfig()
 
     @register(ONE_TO_ALL)
     def init_model(self, use_reference: bool = False) -> None:

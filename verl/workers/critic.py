@@ -5,6 +5,8 @@ value head at position t - 1; column 0 is zero. They are trained only where `adv
 window a value sees what the rollout engine's prompt held, as the actor's log-probs do (`forward_inputs`).
 """
 
+from dataclasses import replace
+
 import torch
 
 from verl.protocol import DataProto
@@ -14,7 +16,7 @@ from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.utils.checkpoint import load_train_state, save_train_state
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.model import (attention_implementation, enable_activation_checkpointing, forward_inputs,
-                              load_value_model, read_weights)
+                              load_value_model, read_weights, resolve_dtype)
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 
 
@@ -22,7 +24,7 @@ class CriticWorker(Worker):
     def __init__(self, config: CriticConfig, *, rank: int, world_size: int, init_method: str | None,
                  verbose: bool = True):
         super().__init__(rank, world_size, init_method, verbose)
-        self.config = config
+        self.config = replace(config, model=replace(config.model, dtype=resolve_dtype(config.model.dtype)))
 
     @register(ONE_TO_ALL)
     def init_model(self) -> None:

@@ -503,3 +503,15 @@ def test_truncated_importance_sampling_weights_each_tokens_loss(tiny_model_path,
     assert metrics["actor/tis_weight_mean"] == pytest.approx(
         (weights * b["loss_mask"]).sum().item() / b["loss_mask"].sum().item(), rel=1e-5)
     assert_same_tensors(grads(corrected), grads(by_hand), rel=1e-5)
+
+
+@pytest.mark.parametrize("amx, dtype", [(False, "float32"), (True, "bfloat16")])
+def test_workers_make_auto_dtypes_concrete_on_their_machine(tiny_model_path, monkeypatch, amx, dtype):
+    monkeypatch.setattr("verl.utils.model.cpu_has_amx", lambda cpuinfo=None: amx)  # this test runs on a CPU
+    config = ActorRolloutRefConfig(model=ModelConfig(path=tiny_model_path), rollout=RolloutConfig())
+    assert (config.model.dtype, config.rollout.dtype) == ("auto", "auto")  # the defaults
+    actor = ActorRolloutRefWorker(config, rank=0, world_size=1, init_method=None)
+    assert (actor.config.model.dtype, actor.config.rollout.dtype) == (dtype, dtype)
+    assert config.model.dtype == "auto"  # the caller's config is left as given
+    critic = CriticWorker(CriticConfig(model=ModelConfig(path=tiny_model_path)), rank=0, world_size=1, init_method=None)
+    assert critic.config.model.dtype == dtype
