@@ -18,9 +18,10 @@ it with `--image-size 64`).
    state; the answer it learns is the board's coordinate text (the env's `observation_format: coord`: one
    `(row, col)` line per kind of cell). Both stages draw their answers from the same state as the picture,
    so data costs nothing and is never wrong. The vision tower and the connector learn (AdamW, a cosine
-after `--warmup` steps, bf16 autocast) and by default the language model stays frozen (LLaVA's first stage;
-`--lm-lr` trains it too, at its own learning rate), on boards from start states and from random walks of up to
-`--walk` moves (so that the player, not only the level, varies). One process, no FSDP.
+   after `--warmup` steps, bf16 autocast on a GPU or a CPU with AMX, else fp32) and by default the language
+   model stays frozen (LLaVA's first stage; `--lm-lr` trains it too, at its own learning rate), on boards
+   from start states and from random walks of up to `--walk` moves (so that the player, not only the level,
+   varies). One process, no FSDP.
 
 Before and after stage 2 it scores greedy answers on `--test-boards` boards no training step used (seeds from
 `--test-seed`): `exact`, the share of answers equal to the true text, and `partial`, the mean share of
@@ -41,6 +42,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from ragen.envs import make_env
 from ragen.world_model_reward import state_credit
+from verl.utils.model import resolve_dtype
 from verl.utils.vlm import IMAGE_TOKEN
 
 QUESTION = "Where is each thing on the board? Answer with one line of (row, col) coordinates per kind of cell."
@@ -158,7 +160,8 @@ class Aligner:
         width = labels.shape[1]
         positions = torch.arange(width)[None, :]
         labels[positions < width - answer_length[:, None]] = -100  # left padding: the answer is each row's end
-        with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16):
+        with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
+                            enabled=resolve_dtype("auto") == "bfloat16"):  # fp32 on a CPU without AMX
             loss = self.model(**inputs, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.trained, 1.0)
