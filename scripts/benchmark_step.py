@@ -1,10 +1,11 @@
 """Throughput of the parts of a step on this machine: rollout generation, the actor update, the critic.
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
-                                     [--seq-len 600] [--generated-tokens 100] [--dtype bfloat16]
+                                     [--seq-len 600] [--generated-tokens 100] [--dtype auto]
 
-First the matmul peaks in bf16 and fp32: a CPU without AMX may run fp32 faster (then try --dtype float32, and
-the same keys in training: actor_rollout_ref.model.dtype, actor_rollout_ref.rollout.dtype; SFT's model.dtype).
+First the matmul peaks in bf16 and fp32 (a CPU without AMX runs fp32 faster), then the parts of a step in --dtype:
+`auto` (the configs' default: bf16 on a GPU or a CPU with AMX, else fp32), bfloat16 or float32, as the keys
+actor_rollout_ref.model.dtype, actor_rollout_ref.rollout.dtype and SFT's model.dtype set it in training.
 Generation uses the HF rollout engine (--dtype, KV cache, left-padded batch, EOS ignored, so every row
 generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on
 sequences of --seq-len tokens under --dtype autocast with fp32 master weights, as ActorRolloutRefWorker does;
@@ -37,7 +38,7 @@ def main() -> None:
     parser.add_argument("--generated-tokens", type=int, default=100)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                         help="compute dtype of the actor, the critic and the rollout engine (default: the configs')")
     args = parser.parse_args()
 
@@ -51,7 +52,7 @@ def main() -> None:
     worker = ActorRolloutRefWorker(config, rank=0, world_size=1, init_method=None)
     worker.init_model()
     vocab = len(load_tokenizer(path))
-    print(f"model {args.model}, {args.dtype}, torch threads {torch.get_num_threads()}")
+    print(f"model {args.model}, {worker.config.model.dtype}, torch threads {torch.get_num_threads()}")
 
     for batch in args.batch:
         prompts = torch.randint(100, vocab, (batch, args.prompt_len)).tolist()

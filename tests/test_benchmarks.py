@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from verl.utils.model import resolve_dtype
+
 REPO = Path(__file__).parents[1]
 
 
@@ -22,13 +24,13 @@ def run_script(name: str, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "float32"])
 def test_benchmark_step_prints_every_part_of_a_step(tiny_model_path, dtype):
     out = run_script("benchmark_step.py", "--model", tiny_model_path, "--batch", "2", "--prompt-len", "8",
                      "--new-tokens", "2", "--seq-len", "16", "--generated-tokens", "4", "--train-batch", "2",
                      "--micro-batch", "1", "--dtype", dtype)
     assert "matmul peak: bfloat16" in out and "float32" in out
-    assert f", {dtype}, torch threads" in out
+    assert f", {resolve_dtype(dtype)}, torch threads" in out  # auto: the dtype it became here
     for part in ("generate: batch   2", "old log-probs:", "update (fwd+bwd+step", "critic values:", "critic update"):
         assert part in out, (part, out)
 
