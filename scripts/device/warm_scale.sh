@@ -1,5 +1,11 @@
 # device call 2 (from the repo root, after setup.sh on the same warm machine):
 #   END=560 bash scripts/device/warm_scale.sh        (timeout_s 595; carry [".gguf/part2.gz", ".gguf/commit.txt"])
+# Run once on an H200 (2026-12-04, code 2ba2bb2): the expert data took 107 s (16 cores), the three warm starts
+# ~0.6 s a step each side by side; the watchdogs then slept END - 110 s from the end of the data (fixed since: from
+# the start), so the warm starts were stopped at steps 654-668 and evaluated, from their step-600 saves, in a
+# follow-up call (public/sokoban_warm_start_h200_16k/). At that speed data (107 s), 700 steps (~430 s) and the
+# evaluations (~70 s) overrun one call's 595 s: make the data in a call of its own first (it stays in /tmp while the
+# machine is warm), or run two seeds per call.
 # Issue 31: does the Sokoban warm start keep rising with scale? sft/warm_start.sh's default (8,000 expert levels,
 # 700 steps of 32, 3 seeds on an H100) solved 83.9 % +- 2.4 of the 64 levels from 91,000,000, against 75.0 % +- 3.1
 # for a quarter of the levels and 2/7 of the samples. Here: twice the levels and twice the samples (16,000 levels,
@@ -38,9 +44,9 @@ write_parquet(table, data / "train.parquet")
 print(f"expert data: {table.num_rows} moves of {len(set(table.column('seed').to_pylist()))} levels")
 EOF
 echo "data done at $((SECONDS - T0)) s"; cat $O/data_*.log | grep parquet
-( sleep $((END - 110)); echo "watchdog (warm starts) at $((SECONDS - T0)) s"; pkill -f ragen.sft.trainer ) &
+( sleep $((END - 110 - SECONDS + T0)); echo "watchdog (warm starts) at $((SECONDS - T0)) s"; pkill -f ragen.sft.trainer ) &
 WD1=$!
-( sleep $((END - 10)); echo "watchdog (all) at $((SECONDS - T0)) s"; pkill -f ragen.eval ) &
+( sleep $((END - 10 - SECONDS + T0)); echo "watchdog (all) at $((SECONDS - T0)) s"; pkill -f ragen.eval ) &
 WD2=$!
 evaluate() {  # $1: seed, $2: name, $3: val seed, $4: levels
   ( set -f; timeout $((END - 12 - SECONDS + T0)) python3 -m ragen.eval --config-name sokoban model_path=$R/ws$1 \
