@@ -14,12 +14,14 @@
 # expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
 # the same data options reuses it, and the same command after an interruption goes on from the last save
 # (every trainer.test_freq steps).
-# Defaults (measured for Sokoban on one H100, greedy on 64 levels from 91,000,000 that no run used, 3 seeds):
-# 8,000 expert episodes (~41,000 moves), 700 steps of 32 samples (about half an epoch), lr 1e-4 on a cosine after
-# 10 warm-up steps: 83.9 % +- 2.4, ~5 min a seed there. 2,000 episodes and 400 steps of 16 (--train-size=2000
-# trainer.total_training_steps=400 trainer.train_batch_size=16) gave 75.0 % +- 3.1 on the same levels and costs
-# 1/3.5 of the compute: 96 min on 2 CPU cores (seed 1, 2026-11-28: 92.2 % of 64 levels from 111,000,000), where the
-# default would take ~4.5 h (estimated: 700 steps of 32 at twice the time of a step of 16).
+# Defaults (measured for Sokoban, greedy, 3 seeds): 16,000 expert episodes (~82,600 moves), 700 steps of 64 samples
+# (about half an epoch), lr 1e-4 on a cosine after 10 warm-up steps. Its step-600 saves (one H200, the three seeds
+# side by side, ~0.6 s a step with trainer.micro_batch_size_per_gpu=64; step 700 not yet measured) solved 93.0 % +- 0.8
+# of 128 levels from 127,000,000 that nothing else used, and 88.5 % +- 3.9 of the 64 from 91,000,000, where the
+# earlier default (8,000 episodes, 700 steps of 32; H100) solved 83.9 % +- 2.4 (public/sokoban_warm_start_h200_16k/).
+# On 2 CPU cores that is ~8 h; the laptop recipe, 2,000 episodes and 400 steps of 16 (--train-size=2000
+# trainer.total_training_steps=400 trainer.train_batch_size=16), gave 75.0 % +- 3.1 on the 91,000,000 levels (H100)
+# and takes 55-96 min on 2 CPU cores (seed 1, 2026-11-28: 92.2 % of 64 levels from 111,000,000).
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
@@ -49,7 +51,7 @@ for arg in "$@"; do
     esac
 done
 cd "$(dirname "$0")/.."
-DATA_ARGS=(--env "$ENV_NAME" --train-size 8000 --test-size 64 --per-move --output "$DATA" \
+DATA_ARGS=(--env "$ENV_NAME" --train-size 16000 --test-size 64 --per-move --output "$DATA" \
     ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"} ${RECIPE[@]+"${RECIPE[@]}"})
 if [ "$(cat "$DATA/command.txt" 2>/dev/null)" == "$(printf '%q ' "${DATA_ARGS[@]}")" ]; then  # an earlier sitting's
     echo "warm start: reusing the expert data in $DATA"
@@ -61,5 +63,5 @@ fi
 torchrun --standalone --nnodes=1 --nproc_per_node="${NPROC:-1}" -m ragen.sft.trainer env="$ENV_NAME" \
     trainer.default_local_dir="$OUTPUT" data.train_file="$DATA/train.parquet" data.test_file="$DATA/test.parquet" \
     lora.rank=0 optim.lr=1e-4 optim.lr_warmup_steps=10 trainer.total_training_steps=700 trainer.test_freq=100 \
-    trainer.train_batch_size=32 trainer.micro_batch_size_per_gpu=8 eval.max_new_tokens=16 ${TRAINER[@]+"${TRAINER[@]}"}
+    trainer.train_batch_size=64 trainer.micro_batch_size_per_gpu=8 eval.max_new_tokens=16 ${TRAINER[@]+"${TRAINER[@]}"}
 echo "warm start: $OUTPUT (continue with: bash train.sh $ENV_NAME model_path=$OUTPUT)"

@@ -6,7 +6,7 @@
 # follow-up call (public/sokoban_warm_start_h200_16k/). At that speed data (107 s), 700 steps (~430 s) and the
 # evaluations (~70 s) overrun one call's 595 s: make the data in a call of its own first (it stays in /tmp while the
 # machine is warm), or run two seeds per call.
-# Issue 31: does the Sokoban warm start keep rising with scale? sft/warm_start.sh's default (8,000 expert levels,
+# Issue 31: does the Sokoban warm start keep rising with scale? sft/warm_start.sh's earlier default (8,000 expert levels,
 # 700 steps of 32, 3 seeds on an H100) solved 83.9 % +- 2.4 of the 64 levels from 91,000,000, against 75.0 % +- 3.1
 # for a quarter of the levels and 2/7 of the samples. Here: twice the levels and twice the samples (16,000 levels,
 # 700 steps of 64), 3 seeds at once, each then greedy on the same 64 levels from 91,000,000 and on 128 levels from
@@ -58,7 +58,7 @@ PIDS=""
 for s in ${SEEDS:-1 2 3}; do
   ( mkdir -p $R/ws$s/data; cp $D/train.parquet $D/test.parquet $R/ws$s/data/
     # what sft/warm_start.sh writes beside the data it made: the same call then reuses it
-    printf '%q ' --env sokoban --train-size 8000 --test-size 64 --per-move --output $R/ws$s/data --train-size=$LEVELS \
+    printf '%q ' --env sokoban --train-size 16000 --test-size 64 --per-move --output $R/ws$s/data --train-size=$LEVELS \
       > $R/ws$s/data/command.txt
     ( set -f; bash sft/warm_start.sh sokoban $R/ws$s --train-size=$LEVELS trainer.seed=$s $SFT_ARGS > $O/warm$s.log 2>&1 )
     echo "seed $s warm start ended at $((SECONDS - T0)) s: $(cat $R/ws$s/sft_state.json)"; cp $R/ws$s/metrics.jsonl $O/warm${s}_metrics.jsonl
