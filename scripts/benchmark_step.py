@@ -2,6 +2,7 @@
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
                                      [--seq-len 600] [--generated-tokens 100] [--dtype auto]
+                                     [--turns 10 --system-len 190] [--profile]
 
 First the matmul peaks in bf16 and fp32 (a CPU without AMX runs fp32 faster), then the parts of a step in --dtype:
 `auto` (the configs' default: bf16 on a GPU or a CPU with AMX, else fp32), bfloat16 or float32, as the keys
@@ -11,6 +12,10 @@ generates exactly --new-tokens). The update runs the actor's forward + backward 
 sequences of --seq-len tokens under --dtype autocast with fp32 master weights, as ActorRolloutRefWorker does;
 the last --generated-tokens of each are the policy's (loss_mask), the rest prompt and observations (a
 FrozenLake trajectory: ~110 generated of ~680). The actor computes logits only at generated tokens.
+With --turns K each sequence is instead a trajectory of K equal turns after a --system-len system prompt, each turn
+seeing only the system prompt and itself (max_context_window 1, as the Sokoban and FrozenLake recipes train:
+the attention mask of ragen/context_manager.py's window_layout), its reply the last --generated-tokens / K tokens.
+--profile prints the update's costliest operators (torch.profiler).
 The critic (the same backbone with a value head) is timed the same way: values, then one update.
 """
 
@@ -20,6 +25,7 @@ import time
 import torch
 
 from flops import matmul_peak
+from ragen.context_manager import window_layout
 from verl.protocol import DataProto
 from verl.trainer.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RolloutConfig
 from verl.utils.model import load_tokenizer, resolve_model_path
@@ -38,6 +44,10 @@ def main() -> None:
     parser.add_argument("--generated-tokens", type=int, default=100)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=0,
+                        help="rows as trajectories of this many turns under a one-turn context window (0: plain rows)")
+    parser.add_argument("--system-len", type=int, default=190, help="the system prompt's tokens, with --turns")
+    parser.add_argument("--profile", action="store_true", help="print the update's costliest operators")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                         help="compute dtype of the actor, the critic and the rollout engine (default: the configs')")
     args = parser.parse_args()
@@ -65,16 +75,22 @@ def main() -> None:
               f"{tokens / seconds:7.1f} tokens/s ({seconds:.1f} s)")
 
     n, t = args.train_batch, args.seq_len
-    loss_mask = torch.zeros(n, t)
-    loss_mask[:, -args.generated_tokens:] = 1
+    layout = training_layout(args)
+    loss_mask = layout.pop("loss_mask").repeat(n, 1)
     data = DataProto(batch={
         "input_ids": torch.randint(100, vocab, (n, t)), "attention_mask": torch.ones(n, t, dtype=torch.long),
-        "position_ids": torch.arange(t).repeat(n, 1), "loss_mask": loss_mask,
+        "loss_mask": loss_mask, **{key: value.repeat(n, 1) for key, value in layout.items()},
         "advantages": torch.randn(n, 1).expand(n, t).clone(), "token_rewards": torch.zeros(n, t),
         "adv_mask": loss_mask, "returns": torch.randn(n, t)})
     data = data.union(timed_tokens("old log-probs", n * t, lambda: worker.compute_log_prob(data)))
     data.batch["rollout_log_probs"] = data.batch["old_log_probs"].clone()  # as if the engine sampled this policy
-    timed_tokens(f"update (fwd+bwd+step, micro-batch {args.micro_batch})", n * t, lambda: worker.update_actor(data))
+    update = f"update (fwd+bwd+step, micro-batch {args.micro_batch})"
+    if args.profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            timed_tokens(update, n * t, lambda: worker.update_actor(data))
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+    else:
+        timed_tokens(update, n * t, lambda: worker.update_actor(data))
 
     critic_config = CriticConfig(model=ModelConfig(path=path, dtype=args.dtype), ppo_mini_batch_size=n, ppo_epochs=1,
                                  ppo_micro_batch_size_per_gpu=args.micro_batch,
@@ -83,6 +99,23 @@ def main() -> None:
     critic.init_model()
     data = data.union(timed_tokens("critic values", n * t, lambda: critic.compute_values(data)))
     timed_tokens(f"critic update (micro-batch {args.micro_batch})", n * t, lambda: critic.update_critic(data))
+
+
+def training_layout(args) -> dict[str, torch.Tensor]:
+    """One training row's loss_mask and position_ids, and with --turns its hidden_from: (T,) each."""
+    t = args.seq_len
+    loss_mask = torch.zeros(t)
+    if not args.turns:
+        loss_mask[-args.generated_tokens:] = 1
+        return {"loss_mask": loss_mask, "position_ids": torch.arange(t)}
+    turn_len = (t - args.system_len) // args.turns
+    if turn_len <= args.generated_tokens // args.turns:
+        raise SystemExit(f"--seq-len {t} leaves {turn_len} tokens a turn: too few for the system prompt and replies")
+    turn_starts = [args.system_len + j * turn_len for j in range(args.turns)]
+    for end in turn_starts[1:] + [t]:
+        loss_mask[end - args.generated_tokens // args.turns:end] = 1
+    position_ids, hidden_from = window_layout(turn_starts, t, window=1)
+    return {"loss_mask": loss_mask, "position_ids": position_ids, "hidden_from": hidden_from}
 
 
 def timed_tokens(label: str, tokens: int, work):
