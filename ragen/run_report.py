@@ -11,7 +11,7 @@ import torch
 
 from ragen.config import RagenConfig
 from verl.utils import checkpoint
-from verl.utils.model import cpu_has_amx, resolve_dtype
+from verl.utils.model import cpu_has_fast_bf16, resolve_dtype
 from verl.utils.tracking import duration, read_jsonl
 
 
@@ -43,19 +43,19 @@ def print_banner(cfg: RagenConfig, use_critic: bool) -> None:
 
 def compute_line(cfg: RagenConfig, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The dtypes the actor and the rollout engine compute in on this machine (`auto`: bf16 on a GPU or a CPU with
-    AMX tiles, else fp32), and for bf16 chosen on a CPU without AMX, where bf16 matmuls run at half fp32's speed
-    or slower (docs/engines-speed-memory.md), how to check and switch. No guess where the CPU's flags cannot be
-    read (/proc/cpuinfo)."""
+    fast bf16, else fp32), and for bf16 chosen on another CPU, where bf16 matmuls ran at half fp32's speed
+    (docs/engines-speed-memory.md), how to check and switch. No guess where the CPU's flags cannot be read
+    (/proc/cpuinfo)."""
     given = (cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.rollout.dtype)
     actor, engine = (resolve_dtype(dtype, cpuinfo) for dtype in given)
     line = f"actor in {actor}, rollout engine in {engine}"
     if "auto" in given:
-        line += " (auto: bf16 on a GPU or a CPU with AMX, else fp32)"
+        line += " (auto: bf16 on a GPU or a CPU with AMX or AMD's avx512_bf16, else fp32)"
     if "bfloat16" in (actor, engine) and not torch.cuda.is_available() and cpuinfo.is_file() \
-            and not cpu_has_amx(cpuinfo):
-        line += ("; bf16 on a CPU without AMX, where fp32 may be faster: python scripts/benchmark_step.py prints "
-                 "both matmul peaks; actor_rollout_ref.model.dtype=auto actor_rollout_ref.rollout.dtype=auto "
-                 "switch to fp32 here")
+            and not cpu_has_fast_bf16(cpuinfo):
+        line += ("; bf16 on a CPU without AMX or AMD's avx512_bf16, where fp32 may be faster: "
+                 "python scripts/benchmark_step.py prints both matmul peaks; actor_rollout_ref.model.dtype=auto "
+                 "actor_rollout_ref.rollout.dtype=auto switch to fp32 here")
     return line
 
 

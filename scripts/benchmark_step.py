@@ -4,8 +4,8 @@
                                      [--seq-len 600] [--generated-tokens 100] [--dtype auto]
                                      [--turns 10 --system-len 190] [--profile]
 
-First the matmul peaks in bf16 and fp32 (a CPU without AMX runs fp32 faster), then the parts of a step in --dtype:
-`auto` (the configs' default: bf16 on a GPU or a CPU with AMX, else fp32), bfloat16 or float32, as the keys
+First the matmul peaks in bf16 and fp32 (some CPUs run fp32 faster), then the parts of a step in --dtype: `auto`
+(the configs' default: bf16 on a GPU or a CPU with AMX or AMD's avx512_bf16, else fp32), bfloat16 or float32, as the keys
 actor_rollout_ref.model.dtype, actor_rollout_ref.rollout.dtype and SFT's model.dtype set it in training.
 Generation uses the HF rollout engine (--dtype, KV cache, left-padded batch, EOS ignored, so every row
 generates exactly --new-tokens). The update runs the actor's forward + backward + AdamW step on

@@ -161,7 +161,7 @@ class Aligner:
         positions = torch.arange(width)[None, :]
         labels[positions < width - answer_length[:, None]] = -100  # left padding: the answer is each row's end
         with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
-                            enabled=resolve_dtype("auto") == "bfloat16"):  # fp32 on a CPU without AMX
+                            enabled=resolve_dtype("auto") == "bfloat16"):  # fp32 on a CPU slow in bf16
             loss = self.model(**inputs, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.trained, 1.0)

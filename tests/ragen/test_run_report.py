@@ -57,7 +57,7 @@ def test_the_banner_names_the_dtypes_and_points_bf16_on_a_cpu_without_amx_at_fp3
     with_amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
     auto = config(tmp_path)  # the default: auto
     assert compute_line(auto, without) == "actor in float32, rollout engine in float32 (auto: bf16 on a GPU or a " \
-        "CPU with AMX, else fp32)"
+        "CPU with AMX or AMD's avx512_bf16, else fp32)"
     assert compute_line(auto, with_amx).startswith("actor in bfloat16, rollout engine in bfloat16 (auto")
     bf16 = config(tmp_path, "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16")
     line = compute_line(bf16, without)

@@ -184,14 +184,23 @@ def test_packed_rows_give_the_rows_own_log_probs_and_gradients(tiny_model_path):
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_auto_dtype_is_bf16_on_a_gpu_or_a_cpu_with_amx_and_fp32_on_other_cpus(tmp_path, monkeypatch):
-    without, with_amx = tmp_path / "cpuinfo_without", tmp_path / "cpuinfo_with"
-    without.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
-    with_amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+def test_auto_dtype_is_bf16_on_a_gpu_or_a_cpu_fast_in_bf16_and_fp32_on_other_cpus(tmp_path, monkeypatch):
+    def cpuinfo(name, vendor, flags):  # two cores, as /proc/cpuinfo lists them
+        path = tmp_path / name
+        path.write_text("".join(f"processor\t: {core}\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2 {flags}\n\n"
+                                for core in range(2)))
+        return path
+
+    xeon = cpuinfo("xeon", "GenuineIntel", "avx512f avx512_bf16")  # bf16 at half fp32's speed (2026-11-29)
+    xeon_amx = cpuinfo("xeon_amx", "GenuineIntel", "avx512f avx512_bf16 amx_bf16 amx_tile amx_int8")
+    epyc = cpuinfo("epyc", "AuthenticAMD", "avx512f avx512_bf16")  # bf16 at twice fp32's speed (2026-12-05)
+    old_epyc = cpuinfo("old_epyc", "AuthenticAMD", "avx2 fma")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert resolve_dtype("auto", with_amx) == "bfloat16"
-    assert resolve_dtype("auto", without) == "float32"
+    assert [resolve_dtype("auto", path) for path in (xeon, xeon_amx, epyc, old_epyc)] == \
+        ["float32", "bfloat16", "bfloat16", "float32"]
+    no_bf16_flag = cpuinfo("odd", "AuthenticAMD", "avx512f avx512_bf16_x")  # a flag read whole, not a prefix
+    assert resolve_dtype("auto", no_bf16_flag) == "float32"
     assert resolve_dtype("auto", tmp_path / "absent") == "float32"  # flags unknown (macOS): the safe dtype
-    assert resolve_dtype("bfloat16", without) == "bfloat16" and resolve_dtype("float32", with_amx) == "float32"
+    assert resolve_dtype("bfloat16", xeon) == "bfloat16" and resolve_dtype("float32", xeon_amx) == "float32"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_dtype("auto", without) == "bfloat16"
+    assert resolve_dtype("auto", xeon) == "bfloat16"

@@ -24,7 +24,7 @@ class OptimConfig:
 @dataclass
 class ModelConfig:
     path: str = "${model_path}"  # resolved at start-up (bundled model, local folder or hub id)
-    dtype: str = "auto"  # auto (bf16 on a GPU or an AMX CPU, else fp32) | bfloat16 | float32; master weights stay fp32
+    dtype: str = "auto"  # auto (bf16 on a GPU or a fast-bf16 CPU, else fp32) | bfloat16 | float32; master weights fp32
     enable_gradient_checkpointing: bool = False  # recompute activations in backward: far less memory, ~30% slower
     cpu_offload: bool = False  # FSDP keeps the weight shards, gradients and optimizer step in CPU memory (for GPUs)
 

@@ -27,17 +27,26 @@ BUNDLED_MODELS = {
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether the CPU has AMX tiles for bf16 (`amx_bf16` in /proc/cpuinfo); False where the flags cannot be read."""
-    return cpuinfo.is_file() and "amx_bf16" in cpuinfo.read_text(encoding="utf-8", errors="replace")
+def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU computes bf16 matmuls faster than fp32, by its flags in /proc/cpuinfo: AMX tiles
+    (`amx_bf16`), or avx512_bf16 on an AMD CPU. Measured on 2 cores each (docs/engines-speed-memory.md): a Xeon
+    with AMX bf16 ~350-430 GFLOP/s against fp32 ~130, an AMD EPYC with avx512_bf16 427 against 190, but a Xeon
+    with avx512_bf16 and no AMX 140-156 against 258-310. False where the flags cannot be read. A rule on flags,
+    not a timing, so that every rank of a run on alike machines picks the same dtype."""
+    if not cpuinfo.is_file():
+        return False
+    text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and "AuthenticAMD" in text)
 
 
 def resolve_dtype(dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """A config's dtype, `auto` made concrete where the model runs: bf16 on a CUDA GPU or a CPU with AMX tiles,
-    fp32 on other CPUs, where bf16 matmuls run at half fp32's speed or slower (docs/engines-speed-memory.md)."""
+    """A config's dtype, `auto` made concrete where the model runs: bf16 on a CUDA GPU or a CPU that computes bf16
+    faster than fp32 (cpu_has_fast_bf16), fp32 on other CPUs, where bf16 matmuls run at half fp32's speed or
+    slower (docs/engines-speed-memory.md)."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if torch.cuda.is_available() or cpu_has_amx(cpuinfo) else "float32"
+    return "bfloat16" if torch.cuda.is_available() or cpu_has_fast_bf16(cpuinfo) else "float32"
 
 
 class ModelNotFoundError(FileNotFoundError):

@@ -2,7 +2,8 @@
 frozen reference policy (loaded only when KL is on; with LoRA it is the same model with the adapter off).
 
 One instance per rank. The actor is sharded over the ranks with FSDP2 (verl/utils/fsdp.py): fp32 master
-weights, forward passes in `model.dtype` (`auto`: bf16 on a GPU or a CPU with AMX, else fp32, resolved here);
+weights, forward passes in `model.dtype` (`auto`: bf16 on a GPU or a CPU with AMX or AMD's
+avx512_bf16, else fp32, resolved here);
 the rollout engine keeps its own whole copy in the rollout dtype and is re-synced after every update.
 
 Batches are right-padded token sequences (B, T) with `loss_mask` on the generated tokens; per-token

@@ -507,7 +507,7 @@ def test_truncated_importance_sampling_weights_each_tokens_loss(tiny_model_path,
 
 @pytest.mark.parametrize("amx, dtype", [(False, "float32"), (True, "bfloat16")])
 def test_workers_make_auto_dtypes_concrete_on_their_machine(tiny_model_path, monkeypatch, amx, dtype):
-    monkeypatch.setattr("verl.utils.model.cpu_has_amx", lambda cpuinfo=None: amx)  # this test runs on a CPU
+    monkeypatch.setattr("verl.utils.model.cpu_has_fast_bf16", lambda cpuinfo=None: amx)  # this test runs on a CPU
     config = ActorRolloutRefConfig(model=ModelConfig(path=tiny_model_path), rollout=RolloutConfig())
     assert (config.model.dtype, config.rollout.dtype) == ("auto", "auto")  # the defaults
     actor = ActorRolloutRefWorker(config, rank=0, world_size=1, init_method=None)
