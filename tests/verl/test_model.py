@@ -126,11 +126,40 @@ def test_forward_inputs_build_a_mask_only_for_a_window(tiny_model_path):
     assert model.config._attn_implementation == "eager"
     never_hidden = model_utils.forward_inputs(model, batch | {"hidden_from": torch.full((2, 5), 5)})
     assert never_hidden["attention_mask"].shape == (2, 1, 5, 5)
-    assert model.config._attn_implementation == "sdpa"  # eager would add the bool mask to the scores
+    assert model.config._attn_implementation == model_utils.WINDOWED  # eager would add the bool mask to the scores
     with torch.no_grad():  # a window that hides nothing is plain causal attention over the real tokens
         causal, windowed = model(**inputs).logits, model(**never_hidden).logits
     torch.testing.assert_close(windowed[0], causal[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(windowed[1, :3], causal[1, :3], rtol=0, atol=1e-5)
+
+
+def test_windowed_attention_is_sdpa_over_the_whole_mask(tiny_model_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from ragen.context_manager import window_layout
+
+    monkeypatch.setattr(model_utils, "WINDOW_CHUNK", 16)  # several query blocks in a short trajectory
+    torch.manual_seed(0)
+    length, turn_starts = 90, [11, 30, 47, 70]  # a system prompt, then four turns of a one-turn window
+    positions, hidden_from = window_layout(turn_starts, length, window=1)
+    batch = {"input_ids": torch.randint(100, (1, length)).repeat(2, 1), "position_ids": positions.repeat(2, 1),
+             "attention_mask": torch.ones(2, length, dtype=torch.long),
+             "hidden_from": torch.stack([hidden_from, torch.full_like(hidden_from, length)])}  # row 1 hides nothing
+    results = []
+    for implementation in ("sdpa", model_utils.WINDOWED):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa")
+        inputs = model_utils.forward_inputs(model, batch)  # switches the model to windowed_attention
+        assert model.config._attn_implementation == model_utils.WINDOWED
+        model.set_attn_implementation(implementation)
+        logits = model(**inputs).logits
+        logits.square().mean().backward()
+        results.append((logits, model.model.layers[0].self_attn.q_proj.weight.grad))
+    (dense, dense_grad), (blocks, blocks_grad) = results
+    torch.testing.assert_close(blocks, dense, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(blocks_grad, dense_grad, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # the same tokens: alike until the first turn leaves row 0's window
+        torch.testing.assert_close(blocks[0, :30], blocks[1, :30], rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(blocks[0, 30:], blocks[1, 30:], atol=1e-3)
 
 
 def sft_rows(prefix: list[int], remainders: list[list[int]], reply_tokens: int) -> dict[str, torch.Tensor]:
