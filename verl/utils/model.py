@@ -299,9 +299,9 @@ def windowed_attention(module, query, key, value, attention_mask, **kwargs):
     and a dense kernel given a mask computes every score anyway, the causally hidden half too. The result is the
     same attention: each block gets its own part of the mask. Any other mask (None: causal) goes to SDPA whole.
 
-    One layer's forward and backward (fp32, 9 heads of 64, 2 CPU cores) over a FrozenLake-like trajectory of
-    3,240 tokens, a 190-token system prompt and 20 turns of 152 seen one at a time: 1.46 s dense, 0.51 s by
-    blocks of 256 queries; scripts/benchmark_step.py --turns measures the whole update."""
+    The blocks' keys are found again in every layer (one scan of the block's mask; cheap beside the attention on
+    CPU, a host sync per block on a GPU, where it is unmeasured). `scripts/benchmark_step.py --turns 10 --seq-len
+    1790` (fp32, 2 CPU cores): old log-probs 327 -> 400 tokens/s, actor update 90 -> 106 (docs/engines-speed-memory.md)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     length = query.shape[2]
