@@ -7,12 +7,20 @@ import time
 import torch
 
 
-def matmul_peak(size: int = 2048, repeats: int = 10, dtype: torch.dtype = torch.bfloat16) -> float:
-    """GEMM FLOP/s of this machine in `dtype` at its torch thread count (the best of `repeats`). A CPU without
-    AMX tiles (`amx_bf16` in /proc/cpuinfo) may run fp32 faster than bf16."""
+def matmul_peak(size: int = 2048, seconds: float = 3.0, dtype: torch.dtype = torch.bfloat16) -> float:
+    """GEMM FLOP/s of this machine in `dtype` at its torch thread count: the best of the square matmuls that fit
+    in about `seconds`, `size` wide unless one would take over a tenth of them. A CPU without native bf16
+    (`avx512_bf16`/`amx_bf16` in /proc/cpuinfo) may run bf16 hundreds of times slower than fp32; there the
+    matmuls shrink (one 2048-wide bf16 matmul takes ~40 s on such an EPYC) rather than the benchmark stall."""
+    probe = torch.randn(256, 256, dtype=dtype)
+    start = time.perf_counter()
+    probe @ probe
+    rate = 2 * 256 ** 3 / max(time.perf_counter() - start, 1e-9)  # a first, rough FLOP/s
+    while size > 256 and 2 * size ** 3 / rate > seconds / 10:
+        size //= 2
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    best = float("inf")
-    for _ in range(repeats):
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while best == float("inf") or time.perf_counter() < deadline:
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
