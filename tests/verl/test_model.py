@@ -145,6 +145,7 @@ def test_windowed_attention_is_sdpa_over_the_whole_mask(tiny_model_path, monkeyp
     batch = {"input_ids": torch.randint(100, (1, length)).repeat(2, 1), "position_ids": positions.repeat(2, 1),
              "attention_mask": torch.ones(2, length, dtype=torch.long),
              "hidden_from": torch.stack([hidden_from, torch.full_like(hidden_from, length)])}  # row 1 hides nothing
+    swapped = {key: value.flip(0) for key, value in batch.items()}  # other masks: no block keys kept from before
     results = []
     for implementation in ("sdpa", model_utils.WINDOWED):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa")
@@ -153,6 +154,9 @@ def test_windowed_attention_is_sdpa_over_the_whole_mask(tiny_model_path, monkeyp
         model.set_attn_implementation(implementation)
         logits = model(**inputs).logits
         logits.square().mean().backward()
+        with torch.no_grad():
+            torch.testing.assert_close(model(**model_utils.forward_inputs(model, swapped)).logits, logits.flip(0),
+                                       rtol=1e-4, atol=1e-5)
         results.append((logits, model.model.layers[0].self_attn.q_proj.weight.grad))
     (dense, dense_grad), (blocks, blocks_grad) = results
     torch.testing.assert_close(blocks, dense, rtol=1e-4, atol=1e-5)

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -299,26 +300,40 @@ def windowed_attention(module, query, key, value, attention_mask, **kwargs):
     and a dense kernel given a mask computes every score anyway, the causally hidden half too. The result is the
     same attention: each block gets its own part of the mask. Any other mask (None: causal) goes to SDPA whole.
 
-    The blocks' keys are found again in every layer (one scan of the block's mask; cheap beside the attention on
-    CPU, a host sync per block on a GPU, where it is unmeasured). `scripts/benchmark_step.py --turns 10 --seq-len
-    1790` (fp32, 2 CPU cores): old log-probs 327 -> 400 tokens/s, actor update 90 -> 106 (docs/engines-speed-memory.md)."""
+    The blocks' keys are found once per mask (`_block_keys`), not again in each layer: on a GPU each finding is a
+    host sync. `scripts/benchmark_step.py --turns 10 --seq-len 1790` (fp32, 2 CPU cores): old log-probs 327 -> 400
+    tokens/s, actor update 90 -> 106 (docs/engines-speed-memory.md)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     length = query.shape[2]
     if attention_mask is None or attention_mask.dtype != torch.bool or length <= WINDOW_CHUNK:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     rows = []
-    for row in range(query.shape[0]):
+    for row, row_keys in enumerate(_block_keys(attention_mask)):
         blocks = []
-        for start in range(0, length, WINDOW_CHUNK):
-            mask = attention_mask[row:row + 1, :, start:start + WINDOW_CHUNK]  # (1, 1, C, T)
-            seen = mask.any(dim=2)[0, 0].nonzero().squeeze(1)  # the keys any of the block's queries sees
+        for start, seen in zip(range(0, length, WINDOW_CHUNK), row_keys):
             out, _ = sdpa_attention_forward(module, query[row:row + 1, :, start:start + WINDOW_CHUNK],
                                             key[row:row + 1, :, seen], value[row:row + 1, :, seen],
-                                            mask[..., seen], **kwargs)
+                                            attention_mask[row:row + 1, :, start:start + WINDOW_CHUNK, seen], **kwargs)
             blocks.append(out)  # (1, C, H, D)
         rows.append(torch.cat(blocks, dim=1))
     return torch.cat(rows), None
+
+
+_last_block_keys: tuple = (None, 0, [])  # (a weak reference to the last mask, its WINDOW_CHUNK, its blocks' keys)
+
+
+def _block_keys(attention_mask: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Per row, per block of WINDOW_CHUNK queries, the keys any of the block's queries sees under a (B, 1, T, T)
+    bool mask. Every layer of a forward (and its recomputation under gradient checkpointing) is given the same
+    mask tensor, so the last one's answer is kept, for as long as that tensor lives."""
+    global _last_block_keys
+    ref, chunk, keys = _last_block_keys
+    if ref is None or ref() is not attention_mask or chunk != WINDOW_CHUNK:
+        keys = [[attention_mask[row, 0, start:start + WINDOW_CHUNK].any(dim=0).nonzero().squeeze(1)
+                 for start in range(0, attention_mask.shape[2], WINDOW_CHUNK)] for row in range(attention_mask.shape[0])]
+        _last_block_keys = (weakref.ref(attention_mask), WINDOW_CHUNK, keys)
+    return keys
 
 
 def pack_shared_prefix(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
