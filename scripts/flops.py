@@ -13,6 +13,7 @@ def matmul_peak(size: int = 2048, seconds: float = 3.0, dtype: torch.dtype = tor
     (`avx512_bf16`/`amx_bf16` in /proc/cpuinfo) may run bf16 hundreds of times slower than fp32; there the
     matmuls shrink (one 2048-wide bf16 matmul takes ~40 s on such an EPYC) rather than the benchmark stall."""
     probe = torch.randn(256, 256, dtype=dtype)
+    probe @ probe  # the thread pool started
     start = time.perf_counter()
     probe @ probe
     rate = 2 * 256 ** 3 / max(time.perf_counter() - start, 1e-9)  # a first, rough FLOP/s
