@@ -24,7 +24,8 @@ def run_script(name: str, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "float32"])
+# float32 runs below (the windowed trajectories), and is what auto becomes on a CPU without fast bf16
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
 def test_benchmark_step_prints_every_part_of_a_step(tiny_model_path, dtype):
     out = run_script("benchmark_step.py", "--model", tiny_model_path, "--batch", "2", "--prompt-len", "8",
                      "--new-tokens", "2", "--seq-len", "16", "--generated-tokens", "4", "--train-batch", "2",

@@ -32,9 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from transformers import AutoConfig, AutoModelForCausalLM, Idefics3Config, Idefics3ForConditionalGeneration, \
-    Idefics3Processor
-from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+from transformers import AutoConfig
 
 from verl.utils.model import load_tokenizer, resolve_model_path
 
@@ -47,6 +45,10 @@ def build_vlm(language_model: str, output: str | Path, image_size: int = 96, pat
     """Write a vision-language model made of `language_model` (a path or `bundled:<name>`) and a new vision
     tower to `output`; return the folder. Images are resized to `image_size` pixels on their longer side and
     not split into tiles (our boards are small)."""
+    # imported here: the model classes cost every process that carries pictures (all of training) a second
+    from transformers import AutoModelForCausalLM, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
     if image_size % (patch_size * scale_factor):
         raise ValueError(f"image_size={image_size} must be a multiple of patch_size x scale_factor = "
                          f"{patch_size * scale_factor}")
