@@ -366,6 +366,7 @@ def test_a_vision_language_model_trains_on_pictures(family, algo, engine, tiny_m
     numerical noise) and the update reaches the vision tower too. With VAGEN's bi-level GAE (per-turn rewards)
     a critic made of the same model reads the pictures and is trained beside it."""
     from tests.conftest import save_tiny_qwen_vl
+    from verl.utils.model import load_processor
     from verl.utils.vlm import build_vlm
 
     if family == "idefics3":
@@ -384,6 +385,8 @@ def test_a_vision_language_model_trains_on_pictures(family, algo, engine, tiny_m
     assert metrics["actor/rollout_kl"] < 1e-4
     changed = changed_tensors(str(vlm), run_dir / "global_step_1" / "actor")
     assert any(tower in key for key in changed) and any(language in key for key in changed)
+    # the checkpoint is a whole model_path: its processor with it (ragen.eval, a later run)
+    assert type(load_processor(str(run_dir / "global_step_1" / "actor"))) is type(load_processor(str(vlm)))
     if algo == "bi_level_gae":  # the critic: trained, and saved with its one-output head
         assert "critic/vf_loss" in metrics
         before, critic = load_file(Path(vlm) / "model.safetensors"), load_file(run_dir / "global_step_1" / "critic" /

@@ -31,7 +31,8 @@ from verl.utils.fingerprint import check_weight_sync, weight_fingerprints
 from verl.utils.fsdp import full_state_dict, load_full_state_dict, reshard, shard_model
 from verl.utils.lora import adapter_disabled, apply_lora, load_adapter_weights, merge_lora, save_adapter
 from verl.utils.model import (DTYPES, attention_implementation, enable_activation_checkpointing, forward_inputs,
-                              last_hidden_states, load_causal_lm, load_tokenizer, read_weights, resolve_dtype, untied)
+                              last_hidden_states, load_causal_lm, load_processor, load_tokenizer, read_weights,
+                              resolve_dtype, untied)
 from verl.workers.ppo_update import make_optimizer, ppo_update, score_micro_batches
 from verl.workers.rollout import ROLLOUT_ENGINES, SamplingParams
 
@@ -49,6 +50,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, use_reference: bool = False) -> None:
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model.path)
+        self.processor = load_processor(cfg.model.path)  # a vision-language model's: each checkpoint keeps it
         self.model = load_policy(cfg.model, self.device, lora_rank=self.lora.rank, lora_alpha=self.lora.alpha,
                                  target_modules=self.lora.target_modules)
         self.optimizer, self.lr_scheduler = make_optimizer(self.model, cfg.actor.optim)
@@ -117,11 +119,18 @@ class ActorRolloutRefWorker(Worker):
                     base = self.model.get_base_model()
                     merged = merge_lora(weights, self.lora.alpha / self.lora.rank)
                     base.save_pretrained(f"{path}_merged", state_dict=untied(merged, base.config))
-                    self.tokenizer.save_pretrained(f"{path}_merged")
+                    self._save_preprocessing(f"{path}_merged")
             else:
                 self.model.save_pretrained(path, state_dict=untied(weights, self.model.config))
-            self.tokenizer.save_pretrained(path)
+            self._save_preprocessing(path)
         save_train_state(path, self.rank, self.optimizer, self.lr_scheduler)
+
+    def _save_preprocessing(self, path: str) -> None:
+        """The tokenizer, and a vision-language model's processor: a checkpoint is a model_path that evaluation and
+        a later run load whole."""
+        self.tokenizer.save_pretrained(path)
+        if self.processor is not None:
+            self.processor.save_pretrained(path)
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
