@@ -73,10 +73,10 @@ def run_processes(pattern: str, run_dir: Path) -> list[str]:
     return ours
 
 
-def left_behind(run_dir: Path, grace_s: float = 10.0) -> list[str]:
+def left_behind(run_dir: Path, grace_s: float = 30.0) -> list[str]:
     """The run's Ray processes still running once those that `ray.shutdown()` has told to exit have had `grace_s`
     seconds to do so (they exit asynchronously: on a loaded machine a worker can still be running right after the
-    run returned)."""
+    run returned; 10 s was once too short, with the suite beside two other torch processes)."""
     deadline = time.monotonic() + grace_s
     while True:
         remaining = run_processes("raylet|gcs_server|ray::", run_dir)
