@@ -45,7 +45,7 @@ def build_vlm(language_model: str, output: str | Path, image_size: int = 96, pat
     """Write a vision-language model made of `language_model` (a path or `bundled:<name>`) and a new vision
     tower to `output`; return the folder. Images are resized to `image_size` pixels on their longer side and
     not split into tiles (our boards are small)."""
-    # imported here: the model classes cost every process that carries pictures (all of training) a second
+    # imported here, not at the top: every training process imports this module, few build a model (~0.2 s each)
     from transformers import AutoModelForCausalLM, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
