@@ -304,3 +304,51 @@ def test_a_lora_adapter_on_a_vision_language_model_reads_the_pictures_and_merges
     merged.load_state_dict(merge_lora(adapted.state_dict(), scale=8 / 4))
     torch.testing.assert_close(token_log_probs(merged, batch, with_entropy=False, temperature=1.0)[0][mask],
                                seen[mask], atol=1e-4, rtol=0)
+
+
+def update_on_pictures(vlm_path: str, batch: dict[str, torch.Tensor], sharded: bool) -> dict:
+    """One AdamW step of the sampled tokens' negative log-likelihood, through the trainer's forward, on this
+    rank's rows of a picture batch (all of it unsharded), normalised by the loss tokens of all ranks together as
+    ppo_update does: the loss (summed over ranks), the gradient norm and the full weights after the step."""
+    import torch.distributed as dist
+
+    from tests.verl.test_fsdp import this_ranks_part
+    from verl.utils.fsdp import clip_grad_norm, full_state_dict, shard_model
+    from verl.utils.model import load_causal_lm
+    from verl.workers.actor import token_log_probs
+
+    model = load_causal_lm(vlm_path)
+    if sharded:
+        shard_model(model, param_dtype="float32", cpu_offload=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    part = this_ranks_part(batch) if sharded else batch
+    log_probs = token_log_probs(model, part, with_entropy=False, temperature=1.0)[0]
+    loss = -(log_probs * part["loss_mask"]).sum() / batch["loss_mask"].sum()
+    loss.backward()
+    grad_norm = clip_grad_norm(model, 0.5)
+    optimizer.step()
+    loss = loss.detach()
+    if sharded:
+        dist.all_reduce(loss)
+    return {"loss": loss.item(), "grad_norm": grad_norm,
+            "weights": full_state_dict(model) if sharded else model.state_dict()}
+
+
+def test_fsdp_over_two_ranks_updates_a_vision_language_model_as_one_process_does(any_vlm):
+    """The actor's sharding (FSDP2 over 2 gloo ranks, one picture trajectory each, its pixel inputs split with
+    its rows) gives the loss, gradient norm and updated weights, vision tower included, of the unsharded update
+    of the whole batch."""
+    from tests.verl.test_fsdp import run_on_ranks
+
+    rollout = picture_rollout(any_vlm)
+    batch = {key: value for key, value in rollout.batch.items() if isinstance(value, torch.Tensor)}
+    reference = update_on_pictures(any_vlm, batch, sharded=False)
+    initial = AutoModelForImageTextToText.from_pretrained(any_vlm, dtype=torch.float32).state_dict()
+    tower = "vision_model" if any("vision_model" in key for key in initial) else "visual"
+    assert any(tower in key and not torch.equal(value, reference["weights"][key]) for key, value in initial.items())
+    for rank in run_on_ranks(2, update_on_pictures, any_vlm, batch, True):
+        assert rank["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+        assert rank["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+        assert rank["weights"].keys() == reference["weights"].keys()
+        for name, weight in reference["weights"].items():  # Adam's near-zero-gradient noise: ~lr * 1e-3
+            torch.testing.assert_close(rank["weights"][name], weight, rtol=0, atol=2e-5)
