@@ -306,32 +306,26 @@ def test_a_lora_adapter_on_a_vision_language_model_reads_the_pictures_and_merges
                                seen[mask], atol=1e-4, rtol=0)
 
 
-def update_on_pictures(vlm_path: str, batch: dict[str, torch.Tensor], sharded: bool) -> dict:
-    """One AdamW step of the sampled tokens' negative log-likelihood, through the trainer's forward, on this
-    rank's rows of a picture batch (all of it unsharded), normalised by the loss tokens of all ranks together as
-    ppo_update does: the loss (summed over ranks), the gradient norm and the full weights after the step."""
-    import torch.distributed as dist
-
-    from tests.verl.test_fsdp import this_ranks_part
-    from verl.utils.fsdp import clip_grad_norm, full_state_dict, shard_model
-    from verl.utils.model import load_causal_lm
+def picture_nll(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Summed negative log-likelihood of the sampled tokens, through the trainer's forward (pictures included)."""
     from verl.workers.actor import token_log_probs
+
+    return -(token_log_probs(model, batch, with_entropy=False, temperature=1.0)[0] * batch["loss_mask"]).sum()
+
+
+def update_on_pictures(vlm_path: str, batch: dict[str, torch.Tensor], sharded: bool) -> dict:
+    """test_fsdp's update (one AdamW step, normalised as ppo_update does) on this rank's rows of a picture batch,
+    all of it unsharded: the loss (summed over ranks), the gradient norm and the full weights after the step."""
+    from tests.verl.test_fsdp import LR, this_ranks_part, update
+    from verl.utils.fsdp import full_state_dict, shard_model
+    from verl.utils.model import load_causal_lm
 
     model = load_causal_lm(vlm_path)
     if sharded:
         shard_model(model, param_dtype="float32", cpu_offload=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    part = this_ranks_part(batch) if sharded else batch
-    log_probs = token_log_probs(model, part, with_entropy=False, temperature=1.0)[0]
-    loss = -(log_probs * part["loss_mask"]).sum() / batch["loss_mask"].sum()
-    loss.backward()
-    grad_norm = clip_grad_norm(model, 0.5)
-    optimizer.step()
-    loss = loss.detach()
-    if sharded:
-        dist.all_reduce(loss)
-    return {"loss": loss.item(), "grad_norm": grad_norm,
-            "weights": full_state_dict(model) if sharded else model.state_dict()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    loss, grad_norm = update(model, optimizer, this_ranks_part(batch), picture_nll)
+    return {"loss": loss, "grad_norm": grad_norm, "weights": full_state_dict(model) if sharded else model.state_dict()}
 
 
 def test_fsdp_over_two_ranks_updates_a_vision_language_model_as_one_process_does(any_vlm):
