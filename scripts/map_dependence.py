@@ -8,7 +8,12 @@ rebuilds each episode's map from its tag and seed (the recipe's config with the 
   default; on slippery ice almost no map is out of its reach altogether), against that move's and the oracle's
   expected success on the same maps: a policy that does not read the map scores there what the move does;
 - how its first answers spread over the maps (a blind policy gives one answer everywhere), beside the oracle's;
-- how often its moves equal the oracle's at the cells it stood on.
+- how often its moves equal the oracle's at the cells it stood on;
+- its expected success with the slips' luck taken out: the best success reachable within the action budget
+  (finite-horizon dynamic programming) minus what each of its moves gave up at the cell and budget it was made
+  in. Summed over an episode, that loss is an unbiased estimate of how far the policy's success probability lies
+  below the best (the performance-difference identity; it holds for any policy, as the slips depend on the
+  cell and move alone), and it varies far less from episode to episode than reaching the goal does.
 `--json PATH` also writes these figures.
 """
 
@@ -20,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from ragen.envs import make_env
-from ragen.envs.frozen_lake import ACTION_WORDS, FrozenLakeEnv, optimal_policy
+from ragen.envs.frozen_lake import ACTION_WORDS, ACTIONS, FrozenLakeEnv, optimal_policy
 from ragen.overrides import load_config
 
 PLAYER_LINE = re.compile(r"Player: \((\d+), (\d+)\)")
@@ -34,6 +39,40 @@ def success_probability(table: dict, start: int, policy: np.ndarray, budget: int
         reach = np.array([sum(p * (1.0 if reward > 0 else 0.0 if done else reach[s2])
                               for p, s2, reward, done in table[s][int(policy[s])]) for s in range(len(table))])
     return float(reach[start])
+
+
+def action_values(table: dict, values_after: np.ndarray) -> np.ndarray:
+    """(S, A): P(reaching the goal) for each first move, when `values_after[s2]` is the chance from s2 after it."""
+    return np.array([[sum(p * (1.0 if reward > 0 else 0.0 if done else values_after[s2])
+                          for p, s2, reward, done in table[s][a]) for a in range(len(ACTION_WORDS))]
+                     for s in range(len(table))])
+
+
+def best_values(table: dict, budget: int) -> np.ndarray:
+    """(budget + 1, S): the best chance of reaching the goal from each cell with k = 0 .. budget actions left."""
+    values = np.zeros((budget + 1, len(table)))
+    for k in range(1, budget + 1):
+        values[k] = action_values(table, values[k - 1]).max(axis=1)
+    return values
+
+
+def success_given_up(turns: list[dict], table: dict, values: np.ndarray, width: int, max_turn: int) -> float | None:
+    """What an episode's moves gave up of the best chance of reaching the goal: per turn, the best value at the cell
+    stood on with the actions left, minus the value of the move made (a turn without a valid move stays put and
+    spends the turn). None when a turn made more than one move (the cells between them are not recorded)."""
+    budget, taken, lost = values.shape[0] - 1, 0, 0.0
+    for t, turn in enumerate(turns):
+        moves = [ACTIONS[a.strip().lower()] for a in turn["actions"] if a.strip().lower() in ACTIONS]
+        cell = player_cell(turn["state"], width)
+        if len(moves) > 1 or cell is None:
+            return None
+        left = min(max_turn - t, budget - taken)
+        if moves:
+            lost += values[left, cell] - action_values(table, values[left - 1])[cell, moves[0]]
+            taken += 1
+        else:
+            lost += values[left, cell] - values[min(max_turn - t - 1, budget - taken), cell]
+    return float(lost)
 
 
 def player_cell(state: str, width: int) -> int | None:
@@ -64,13 +103,16 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
         env = envs[tag].unwrapped
         env.reset(seed=record["seed"])
         budget = cfg.custom_envs[tag].max_actions_per_traj
+        horizon = min(budget, cfg.agent_proxy.max_turn)
         key = (tag, record["seed"])
         if key not in maps:  # the map's exact odds, on the transition table the env steps with
             table, start = env.lake.P, int(env.lake.s)  # just reset: the player is on the start
             oracle = optimal_policy(env.desc, env.config.is_slippery)
             constant = {word: success_probability(table, start, np.full(env.desc.size, a), budget)
                         for a, word in enumerate(ACTION_WORDS)}
+            best = best_values(table, budget)
             maps[key] = {"constant": constant, "oracle": success_probability(table, start, oracle, budget),
+                         "best": float(best[horizon, start]), "values": best, "table": table,
                          "oracle_first": ACTION_WORDS[oracle[start]], "policy": oracle, "width": env.desc.shape[1]}
         info = maps[key]
         agree = total = 0
@@ -81,7 +123,9 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
                     total += 1
                     agree += action == ACTION_WORDS[info["policy"][cell]]
         first = next((turn["actions"][0] for turn in record["turns"] if turn["actions"]), None)
-        rows.append({"key": key, "success": bool(record["success"]), "first": first, "agree": agree, "moves": total})
+        lost = success_given_up(record["turns"], info["table"], info["values"], info["width"], cfg.agent_proxy.max_turn)
+        rows.append({"key": key, "success": bool(record["success"]), "first": first, "agree": agree, "moves": total,
+                     "lost": None if record.get("env_error") else lost})
 
     constant_means = {word: float(np.mean([maps[row["key"]]["constant"][word] for row in rows])) for word in ACTION_WORDS}
     best = max(constant_means, key=constant_means.get)
@@ -89,6 +133,8 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
     firsts = collections.Counter(row["first"] for row in rows)
     oracle_firsts = collections.Counter(maps[row["key"]]["oracle_first"] for row in rows)
     moves = sum(row["moves"] for row in rows)
+    lost = [row["lost"] for row in rows]
+    expected = None if None in lost else [maps[row["key"]]["best"] - row["lost"] for row in rows]
     return {
         "episodes": len(rows), "maps": len(maps), "policy_success": float(np.mean([row["success"] for row in rows])),
         "constant_success": constant_means, "best_constant": best,
@@ -100,6 +146,12 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
         "first_answers": dict(firsts), "oracle_first_answers": dict(oracle_firsts),
         "first_answer_not_the_commonest": 1 - firsts.most_common(1)[0][1] / len(rows),
         "oracle_agreement": sum(row["agree"] for row in rows) / moves if moves else None,
+        "policy_success_stderr": float(np.std([row["success"] for row in rows]) / np.sqrt(len(rows))),
+        "best_success": float(np.mean([maps[row["key"]]["best"] for row in rows])),
+        "success_given_up": None if expected is None else float(np.mean(lost)),
+        "success_given_up_stderr": None if expected is None else float(np.std(lost) / np.sqrt(len(rows))),
+        "expected_success": None if expected is None else float(np.mean(expected)),
+        "expected_success_stderr": None if expected is None else float(np.std(expected) / np.sqrt(len(rows))),
     }
 
 
@@ -108,7 +160,8 @@ def report(figures: dict) -> str:
     there = figures["there"]
     return "\n".join([
         f"{figures['episodes']} episodes on {figures['maps']} maps",
-        f"policy success {figures['policy_success']:.1%}; oracle {figures['oracle_success']:.1%} (expected); "
+        f"policy success {figures['policy_success']:.1%} +- {figures['policy_success_stderr']:.1%}; "
+        f"oracle {figures['oracle_success']:.1%} (expected); "
         f"constant moves (expected): {constant}",
         f"episodes on maps where {figures['best_constant']} (the best constant move) succeeds below "
         f"{figures['blind_below']:.0%}: {figures['episodes_best_constant_rarely_solves']}"
@@ -118,6 +171,11 @@ def report(figures: dict) -> str:
         f"{figures['first_answer_not_the_commonest']:.1%} of episodes open with another than the commonest",
         "moves equal to the oracle's at the cell stood on: "
         + ("-" if figures["oracle_agreement"] is None else f"{figures['oracle_agreement']:.1%}"),
+        "expected success without the slips' luck: " + (
+            "- (turns of several moves)" if figures["expected_success"] is None else
+            f"{figures['expected_success']:.1%} +- {figures['expected_success_stderr']:.1%} (the best within the "
+            f"budget, {figures['best_success']:.1%}, minus what the moves gave up, {figures['success_given_up']:.1%} "
+            f"+- {figures['success_given_up_stderr']:.1%})"),
     ])
 
 

@@ -52,6 +52,16 @@ def test_exact_odds_match_play_and_a_deterministic_map():
     oracle = map_dependence.optimal_policy(rows, False)
     assert map_dependence.success_probability(table, 0, oracle, 6) == 1.0
     assert map_dependence.success_probability(table, 0, oracle, 5) == 0.0  # six moves are needed
+    # what a move gives up: with exactly six actions, bumping the wall costs the goal, and so does a turn without a
+    # valid move when turns are as scarce as actions; an invalid answer is not charged to the action budget
+    best = map_dependence.best_values(table, 6)
+    assert best[6, 0] == 1.0 and best[5, 0] == 0.0
+    given_up = lambda action, max_turn: map_dependence.success_given_up(  # noqa: E731
+        [{"state": "Player: (0, 0)", "actions": [action]}], table, best, 4, max_turn)
+    assert given_up("Down", 6) == given_up("Right", 6) == 0.0 and given_up("Up", 6) == 1.0
+    assert given_up("Jump", 6) == 1.0 and given_up("Jump", 20) == 0.0
+    assert map_dependence.success_given_up([{"state": "Player: (0, 0)", "actions": ["Down", "Down"]}],
+                                           table, best, 4, 6) is None  # the cell between two moves is unknown
 
     # on slippery maps: the expected success of pressing Down, against 600 played episodes
     seeds = range(500, 1100)
@@ -61,6 +71,9 @@ def test_exact_odds_match_play_and_a_deterministic_map():
     expected = figures["constant_success"]["Down"]
     assert abs(played - expected) < 3 * np.sqrt(expected * (1 - expected) / len(seeds)) + 1e-9
     assert figures["policy_success"] == pytest.approx(played)
+    # the estimate with the slips' luck taken out aims at the same odds, and spreads less than reaching the goal
+    assert abs(figures["expected_success"] - expected) < 3 * figures["expected_success_stderr"]
+    assert figures["expected_success_stderr"] < figures["policy_success_stderr"]
 
 
 def test_a_blind_policy_and_the_oracle_are_told_apart():
@@ -76,6 +89,8 @@ def test_a_blind_policy_and_the_oracle_are_told_apart():
     assert oracle["policy_success"] > blind["policy_success"]
     assert oracle["there"]["policy"] > 0.05 > blind["there"]["policy"]
     assert blind["oracle_agreement"] < 0.6
+    assert abs(oracle["expected_success"] - oracle["oracle_success"]) < 3 * oracle["expected_success_stderr"]
+    assert oracle["best_success"] >= oracle["oracle_success"] > blind["expected_success"]
 
 
 def test_the_command_line(tmp_path):
