@@ -60,6 +60,9 @@ class EnvGroupsConfig:
     group_size: int = 16  # trajectories per start state (GRPO compares within a group)
     env_configs: EnvMixConfig = field(default_factory=EnvMixConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # training only: validation stays fixed
+    # true: a group's environments also share their random stream after the start (common random numbers): equal
+    # moves meet equal luck, so a group compares moves, not luck, when its samples mostly agree (FrozenLake's slips)
+    shared_randomness: bool = False
 
 
 @dataclass

@@ -6,8 +6,11 @@ reset each environment's random stream is re-seeded with its place in the group,
 (a bandit's payout, a slip on the ice) is drawn independently per trajectory: with one shared draw the
 whole group sees the same outcome, a group comparison then measures luck rather than the policy (a bandit
 group whose risky pulls all pay 0 teaches "safe" to every risky pull at once), and a step's gradient points
-the wrong way far more often. Each environment has a step budget (`max_actions_per_traj`) over all of its
-turns.
+the wrong way far more often. The opposite holds when a group's samples mostly agree, as a near-greedy policy's
+do: then their outcomes differ by luck alone, and each advantage credits the dice. `shared_randomness: true` gives
+a group one stream (common random numbers): equal moves meet equal luck and score alike, and only where samples
+differ does the comparison see a difference. Each environment has a step budget (`max_actions_per_traj`) over all
+of its turns.
 
 With a curriculum (`es_manager.train.curriculum`, ragen/curriculum.py) each group's start state is generated at
 the level the curriculum picks for it (a value of one env-config field, e.g. Sokoban's `search_depth`): an
@@ -119,7 +122,7 @@ class EnvStateManager:
                 level = levels[state.group_id] if levels is not None else None
                 if level != state.level:
                     self._swap_env(state, self._make_env(state.tag, level), level)
-                stream = [state.seed, state.env_id % self.config.group_size]
+                stream = [state.seed, 0 if self.config.shared_randomness else state.env_id % self.config.group_size]
                 return start_episode(state.env, state.seed, stream), None
             except Exception as e:  # an env (or its server) that fails to start ends only its own trajectory
                 return ("", {}), e

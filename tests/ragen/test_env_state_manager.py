@@ -122,6 +122,33 @@ def test_a_group_shares_its_start_but_not_its_luck():
     assert draws == [payouts(step) for step in range(1, 41)]
 
 
+def test_shared_randomness_gives_equal_moves_equal_luck():
+    """FrozenLake's slips: with its own stream each env of a group slips differently under the same moves; with
+    `shared_randomness` the group's envs walk the same cells, and other seeds still see other luck."""
+    lake = CustomEnvConfig(env_type="frozen_lake", max_actions_per_traj=20, env_config={"is_slippery": True})
+    mix = EnvMixConfig(tags=["Lake"], n_groups=[1])
+
+    def walks(shared: bool) -> list[list[tuple[str, ...]]]:
+        em = EnvStateManager(EnvGroupsConfig(env_groups=1, group_size=4, env_configs=mix, shared_randomness=shared),
+                             {"Lake": lake}, seed=11)
+        per_step = []
+        for step in range(1, 6):
+            states = em.reset(step)
+            seen = {state.env_id: [state.obs] for state in states}
+            for _ in range(6):  # the same moves for every env
+                for state in states:
+                    if not state.done:
+                        em.step(state.env_id, ["Down"])
+                        seen[state.env_id].append(state.obs)
+            per_step.append([tuple(walk) for walk in seen.values()])
+        return per_step
+
+    own, shared = walks(False), walks(True)
+    assert all(len(set(group)) == 1 for group in shared)
+    assert len({group[0] for group in shared}) > 1  # luck still differs between start states
+    assert any(len(set(group)) > 1 for group in own)
+
+
 def curriculum_manager(curriculum: CurriculumConfig, groups=4, size=2, seed=100) -> EnvStateManager:
     mix = EnvMixConfig(tags=["Sokoban"], n_groups=[groups])
     return EnvStateManager(EnvGroupsConfig(env_groups=groups, group_size=size, env_configs=mix,
