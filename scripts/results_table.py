@@ -76,12 +76,12 @@ def measured_row(name: str, tag: str, result: dict, details: str) -> str:
     oracle = "—" if base["oracle"] is None else percent(base["oracle"])
     steps = "/".join(map(str, sorted(set(result["steps"].values()))))
     # with --warm-start, "before" is each seed's warm start (sft/warm_start.sh), not the untrained model
-    rl = f"{steps} steps" if steps != "0" else "no RL step validated"
+    rl = f"{steps} step{'s' if steps != '1' else ''}" if steps != "0" else "no RL step validated"
     if result.get("interrupted"):
         rl += f" (runs of seeds {', '.join(map(str, result['interrupted']))} stopped early)"
     runs = f"warm start ({' '.join(result['warm_start_args']) or 'defaults'}) + RL, {rl}" \
         if result.get("warm_start") else rl
-    how = (f"`{name}`: {len(seeds)} seeds, {runs}, {levels}; {result['model'].rsplit('/', 1)[-1]}, "
+    how = (f"`{name}`: {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, {runs}, {levels}; {result['model'].rsplit('/', 1)[-1]}, "
            f"{result['machine']}, {result['date']} ([details]({details}))")
     return (f"| {tag} | {before} → {trained} ({per_seed}) | {percent(base['random'])} | {constant} | {oracle} | "
             f"{PAPER.get(tag, '—')} | {how} |")

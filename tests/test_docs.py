@@ -148,7 +148,10 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
                       "steps": {"1": 1, "2": 1, "3": 1}}
     (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(warm))
     text = module.table(module.load_results(tmp_path), "#results")
-    assert "`sokoban_warm_start`: 3 seeds, warm start (--train-size=8000) + RL, 1 steps, 64 states" in text
+    assert "`sokoban_warm_start`: 3 seeds, warm start (--train-size=8000) + RL, 1 step, 64 states" in text
+    (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(warm | {"seeds": [1], "steps": {"1": 20}}))
+    text = module.table(module.load_results(tmp_path), "#results")
+    assert "`sokoban_warm_start`: 1 seed, warm start (--train-size=8000) + RL, 20 steps, 64 states" in text
     assert "| `sokoban` | no published" not in text
     stopped = warm | {"steps": {"1": 0, "2": 0, "3": 0}, "interrupted": [1, 2, 3]}  # RL cut before a validation
     (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(stopped))
@@ -163,7 +166,7 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
     (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(tested))
     text = module.table(module.load_results(tmp_path), "#results")
     assert ("| Bandit | 78.9 %, 79.7 % → **78.9 %** ± 3.3 (81.2 %, 76.6 %) | 6.2 % | 0.0 % (Up) | 100.0 % |" in text
-            and "`sokoban_warm_start`: 2 seeds, warm start (--train-size=8000) + RL, 1 steps, 128 test states from "
+            and "`sokoban_warm_start`: 2 seeds, warm start (--train-size=8000) + RL, 1 step, 128 test states from "
                 "seed 115000000 (kept aside);" in text)
     (tmp_path / "sokoban_warm_start" / "results.json").unlink()
     text = module.table(module.load_results(tmp_path), "#results")
