@@ -172,7 +172,7 @@ def report(figures: dict) -> str:
         "moves equal to the oracle's at the cell stood on: "
         + ("-" if figures["oracle_agreement"] is None else f"{figures['oracle_agreement']:.1%}"),
         "expected success without the slips' luck: " + (
-            "- (turns of several moves)" if figures["expected_success"] is None else
+            "- (an episode made several moves in a turn, or its env failed)" if figures["expected_success"] is None else
             f"{figures['expected_success']:.1%} +- {figures['expected_success_stderr']:.1%} (the best within the "
             f"budget, {figures['best_success']:.1%}, minus what the moves gave up, {figures['success_given_up']:.1%} "
             f"+- {figures['success_given_up_stderr']:.1%})"),
