@@ -14,11 +14,14 @@ rebuilds each episode's map from its tag and seed (the recipe's config with the 
   in. Summed over an episode, that loss is an unbiased estimate of how far the policy's success probability lies
   below the best (the performance-difference identity; it holds for any policy, as the slips depend on the
   cell and move alone), and it varies far less from episode to episode than reaching the goal does.
+`--against OTHER.jsonl` compares with another policy's episodes on the same maps (e.g. the same run's step 0): the
+change in what the moves gave up, map by map, with its paired standard error. Files may be gzipped (`.gz`).
 `--json PATH` also writes these figures.
 """
 
 import argparse
 import collections
+import gzip
 import json
 import re
 from pathlib import Path
@@ -135,6 +138,9 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
     moves = sum(row["moves"] for row in rows)
     lost = [row["lost"] for row in rows]
     expected = None if None in lost else [maps[row["key"]]["best"] - row["lost"] for row in rows]
+    by_map = collections.defaultdict(list)
+    for row in rows:
+        by_map[f"{row['key'][0]}/{row['key'][1]}"].append(row["lost"])
     return {
         "episodes": len(rows), "maps": len(maps), "policy_success": float(np.mean([row["success"] for row in rows])),
         "constant_success": constant_means, "best_constant": best,
@@ -152,7 +158,21 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
         "success_given_up_stderr": None if expected is None else float(np.std(lost) / np.sqrt(len(rows))),
         "expected_success": None if expected is None else float(np.mean(expected)),
         "expected_success_stderr": None if expected is None else float(np.std(expected) / np.sqrt(len(rows))),
+        "given_up_by_map": None if expected is None else {key: float(np.mean(v)) for key, v in by_map.items()},
     }
+
+
+def paired_change(figures: dict, baseline: dict) -> dict | None:
+    """How much more (+) or less (-) success a policy's moves gave up than a baseline's, on the maps both played,
+    compared map by map: {"maps", "change", "stderr"}; None when either has no slip-free estimate or no map is shared."""
+    if figures["given_up_by_map"] is None or baseline["given_up_by_map"] is None:
+        return None
+    shared = sorted(set(figures["given_up_by_map"]) & set(baseline["given_up_by_map"]))
+    if not shared:
+        return None
+    changes = [figures["given_up_by_map"][key] - baseline["given_up_by_map"][key] for key in shared]
+    return {"maps": len(shared), "change": float(np.mean(changes)),
+            "stderr": float(np.std(changes) / np.sqrt(len(changes)))}
 
 
 def report(figures: dict) -> str:
@@ -179,20 +199,35 @@ def report(figures: dict) -> str:
     ])
 
 
+def read_episodes(path: Path) -> list[dict]:
+    """The episodes of a JSONL file, gzipped or not; exits with a message when it holds none."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        records = [json.loads(line) for line in lines if line.strip()]
+    if not records:
+        raise SystemExit(f"{path} holds no episodes")
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trajectories", type=Path, help="a JSONL file of episodes (ragen.eval, or rollouts/val)")
     parser.add_argument("--recipe", default="frozen_lake", help="the recipe the episodes were played with")
     parser.add_argument("--blind-below", type=float, default=0.05,
                         help="maps where the best constant move's success probability is below this")
+    parser.add_argument("--against", type=Path, help="another policy's episodes on the same maps, to compare with")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
     args = parser.parse_intermixed_args()  # options may follow the key=value overrides
-    records = [json.loads(line) for line in args.trajectories.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not records:
-        raise SystemExit(f"{args.trajectories} holds no episodes")
-    figures = analyse(records, args.recipe, args.overrides, args.blind_below)
+    figures = analyse(read_episodes(args.trajectories), args.recipe, args.overrides, args.blind_below)
     print(report(figures))
+    if args.against:
+        baseline = analyse(read_episodes(args.against), args.recipe, args.overrides, args.blind_below)
+        figures["against"] = {"episodes": str(args.against), **(paired_change(figures, baseline) or {})}
+        change = figures["against"]
+        print(f"against {args.against}: " + ("- (no slip-free estimate on shared maps)" if "change" not in change else
+              f"success given up {100 * change['change']:+.1f} +- {100 * change['stderr']:.1f} points (+: more "
+              f"than there), map by map over {change['maps']} maps"))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")
 
