@@ -51,19 +51,22 @@ def action_values(table: dict, values_after: np.ndarray) -> np.ndarray:
                      for s in range(len(table))])
 
 
-def best_values(table: dict, budget: int) -> np.ndarray:
-    """(budget + 1, S): the best chance of reaching the goal from each cell with k = 0 .. budget actions left."""
-    values = np.zeros((budget + 1, len(table)))
+def best_action_values(table: dict, budget: int) -> np.ndarray:
+    """(budget + 1, S, A): the chance of reaching the goal from each cell with k = 0 .. budget actions left, for each
+    first move played best afterwards. Its max over the last axis is the best chance."""
+    q = np.zeros((budget + 1, len(table), len(ACTION_WORDS)))
     for k in range(1, budget + 1):
-        values[k] = action_values(table, values[k - 1]).max(axis=1)
-    return values
+        q[k] = action_values(table, q[k - 1].max(axis=1))
+    return q
 
 
-def success_given_up(turns: list[dict], table: dict, values: np.ndarray, width: int, max_turn: int) -> float | None:
-    """What an episode's moves gave up of the best chance of reaching the goal: per turn, the best value at the cell
-    stood on with the actions left, minus the value of the move made (a turn without a valid move stays put and
-    spends the turn). None when a turn made more than one move (the cells between them are not recorded)."""
-    budget, taken, lost = values.shape[0] - 1, 0, 0.0
+def success_given_up(turns: list[dict], q: np.ndarray, width: int, max_turn: int) -> float | None:
+    """What an episode's moves gave up of the best chance of reaching the goal (`q` from `best_action_values`): per
+    turn, the best value at the cell stood on with the actions left, minus the value of the move made (a turn without
+    a valid move stays put and spends the turn). None when a turn made more than one move (the cells between them are
+    not recorded)."""
+    values = q.max(axis=2)
+    budget, taken, lost = q.shape[0] - 1, 0, 0.0
     for t, turn in enumerate(turns):
         moves = [ACTIONS[a.strip().lower()] for a in turn["actions"] if a.strip().lower() in ACTIONS]
         cell = player_cell(turn["state"], width)
@@ -71,7 +74,7 @@ def success_given_up(turns: list[dict], table: dict, values: np.ndarray, width: 
             return None
         left = min(max_turn - t, budget - taken)
         if moves:
-            lost += values[left, cell] - action_values(table, values[left - 1])[cell, moves[0]]
+            lost += values[left, cell] - q[left, cell, moves[0]]
             taken += 1
         else:
             lost += values[left, cell] - values[min(max_turn - t - 1, budget - taken), cell]
@@ -113,9 +116,9 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
             oracle = optimal_policy(env.desc, env.config.is_slippery)
             constant = {word: success_probability(table, start, np.full(env.desc.size, a), budget)
                         for a, word in enumerate(ACTION_WORDS)}
-            best = best_values(table, budget)
+            q = best_action_values(table, budget)
             maps[key] = {"constant": constant, "oracle": success_probability(table, start, oracle, budget),
-                         "best": float(best[horizon, start]), "values": best, "table": table,
+                         "best": float(q[horizon, start].max()), "q": q,
                          "oracle_first": ACTION_WORDS[oracle[start]], "policy": oracle, "width": env.desc.shape[1]}
         info = maps[key]
         agree = total = 0
@@ -126,7 +129,7 @@ def analyse(records: list[dict], recipe: str, overrides: list[str], blind_below:
                     total += 1
                     agree += action == ACTION_WORDS[info["policy"][cell]]
         first = next((turn["actions"][0] for turn in record["turns"] if turn["actions"]), None)
-        lost = success_given_up(record["turns"], info["table"], info["values"], info["width"], cfg.agent_proxy.max_turn)
+        lost = success_given_up(record["turns"], info["q"], info["width"], cfg.agent_proxy.max_turn)
         rows.append({"key": key, "success": bool(record["success"]), "first": first, "agree": agree, "moves": total,
                      "lost": None if record.get("env_error") else lost})
 
