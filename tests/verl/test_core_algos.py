@@ -710,14 +710,12 @@ def reference_select_groups(scores: list[float], strategy: str, value: float, la
     if strategy == "top_p" and value >= 1:
         count = len(ranked)
     elif strategy == "top_p" and prob_mode == "linear":
-        threshold, total, count = value * sum(ranked) - 0.01, 0.0, 0
-        for i, score in enumerate(ranked):
-            if score <= 0:
+        threshold, total, kept = value * sum(ranked) - 0.01, 0.0, 0
+        for score in ranked:  # RAGEN-2's order: is the share reached? then is the next score positive? then add
+            if total >= threshold or score <= 0:
                 break
-            total += score
-            if total >= threshold:
-                count = i + 1
-                break
+            total, kept = total + score, kept + 1
+        count = kept if total >= threshold else 0
     elif strategy == "top_p":
         weights = [math.exp(s if largest else -s) for s in ranked]
         total, count = 0.0, len(ranked)
@@ -769,6 +767,8 @@ def test_top_p_linear_stops_the_eps_short_of_the_share():
     ([0.0, 0.0, 0.0], "smallest", True),
     ([-0.1, -0.3], "largest", True),  # rewards below 0 (metric reward): the first score <= 0 stops it at once
     ([0.5, -0.2, 0.3], "smallest", False),  # ascending: -0.2 first, before the share is reached
+    ([0.5, -0.75], "largest", True),  # a share <= 0 (0.9 * -0.25 - 0.01) needs no group: RAGEN-2 keeps none
+    ([0.005, 0.003], "largest", True),  # 0.9 * 0.008 - 0.01 < 0: spreads too small to count
 ])
 def test_top_p_linear_is_empty_when_the_share_is_never_reached(scores, filter_type, include_zero):
     assert select(scores, "top_p", 0.9, filter_type, include_zero) == []

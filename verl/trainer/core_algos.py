@@ -321,8 +321,11 @@ FILTER_METRICS["reward_std"] = FILTER_METRICS["reward_variance"]  # RAGEN-2 acce
 
 def _top_p_linear(ranked: torch.Tensor, value: float, largest: bool) -> int:
     """The fewest leading groups whose scores add up to `value` of the total (less TOP_P_EPS), taking no group
-    with a score <= 0 (the ranking stops there); none when that share is never reached."""
+    with a score <= 0 (the ranking stops there); none when that share is never reached, or when it is <= 0 (no
+    group is needed to reach it: RAGEN-2 returns an empty batch there, e.g. metric reward with negative rewards)."""
     threshold = value * ranked.sum() - TOP_P_EPS
+    if threshold <= 0:
+        return 0
     before_first_non_positive = (ranked > 0).cumprod(0).bool()
     reached = before_first_non_positive & (ranked.cumsum(0) >= threshold)
     return int(reached.int().argmax()) + 1 if reached.any() else 0
