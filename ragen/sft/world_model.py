@@ -4,8 +4,10 @@ Before RL, the model learns what the environment does. It plays the recipe's tra
 turn's reply is rewritten in the world-model format (`agent_proxy.reply_format=world_model`),
 `<think><observation>state</observation> thoughts <prediction>next state</prediction></think><answer>…</answer>`,
 with the TRUE states in the two spans, and the model is fine-tuned on the rewritten replies, loss on the states
-included (SPA's ablation that masks them gained nothing in PPO). PPO then starts from the result with the
-plain format, like from any other `model_path`.
+included (SPA's ablation that masks them gained nothing in PPO). RL then starts from the result like from any
+other `model_path`, in the recipe's format: the Sokoban and FrozenLake recipes answer without thinking, where
+SPA's PPO used `<think>…</think><answer>…</answer>` (`agent_proxy.enable_think=true` and a longer
+`actor_rollout_ref.rollout.response_length`).
 
     python -m ragen.sft.world_model stage --env sokoban --nproc 1 --output checkpoints/sft/sokoban-wm
 
@@ -54,6 +56,12 @@ in the recipe's format, see step 1; 15 min on 2 busy cores, a plumbing check: 12
    true next state: the whole text (outer whitespace ignored), the lines that are not coordinate lines (the
    grid), and the coordinate lines (`Targets: (r, c), …`; `Player`, `Boxes`, `Boxes on target`, `Player on
    target`, FrozenLake's `Start`, `Goal`, `Holes`) as sets of cells per label, per label and all at once.
+   The true next state is that of the moves the self-play made, so the prediction is also scored over the
+   turns whose reply answers those same moves (`same_moves`, `prediction_same_moves/*`), and beside it stands
+   the prediction that copies the current state (`copy/prediction/*`: a wall bump changes nothing, and
+   targets, FrozenLake's start, goal and holes never move, so copying scores well above zero). On slippery
+   FrozenLake the next state is one draw of the slips: exact match has a ceiling below 1. The first
+   `--score-turns` rows of the held-out file are scored (whole episodes in seed order).
    Printed, and written to `<output>/score.json`.
 
 Output folder: `data/{train,test}.parquet` and `data/stats.json`, `model/` (the trainer's folder: the full
@@ -297,24 +305,37 @@ def write_data(cfg: RagenConfig, output: Path, train_episodes: int, test_episode
 
 
 # ---- 4. held-out score ----------------------------------------------------------------------------------
-def score_replies(replies: list[str], states: list[str], next_states: list[str], action_sep: str = "||",
-                  max_actions: int = 2) -> dict[str, float]:
+def score_replies(replies: list[str], states: list[str], next_states: list[str], actions: list[list[str]],
+                  action_sep: str = "||", max_actions: int = 2) -> dict[str, float]:
     """Accuracies over the turns (module docstring, step 4): `<kind>/exact`, `<kind>/grid_exact`,
     `<kind>/coordinates_all` (over the turns whose true state has coordinate lines) and
     `<kind>/coordinates/<label>` (over the turns where the label is in the true or the written state), for
-    kind observation and prediction; `written_spans` (both spans present), `format_ok` (the reply parses)."""
-    scores: dict[str, list[float]] = {"written_spans": [], "format_ok": []}
-    for reply, state, next_state in zip(replies, states, next_states, strict=True):
+    kind observation and prediction; `written_spans` (both spans present), `format_ok` (the reply parses).
+    The true next state follows the recorded `actions`, so `same_moves` is the share of turns whose reply
+    answers those moves, and `prediction_same_moves/*` the prediction scores over those turns alone. The
+    baseline `copy/prediction/*` writes the current state as the prediction (nothing moves): what a model
+    scores that has learned to copy its input."""
+    scores: dict[str, list[float]] = {"written_spans": [], "format_ok": [], "same_moves": []}
+
+    def add(prefix: str, result: dict) -> None:
+        for key in ("exact", "grid_exact", "coordinates_all"):
+            if result[key] is not None:
+                scores.setdefault(f"{prefix}/{key}", []).append(result[key])
+        for label, ok in result["labels"].items():
+            scores.setdefault(f"{prefix}/coordinates/{label}", []).append(ok)
+
+    for reply, state, next_state, moves in zip(replies, states, next_states, actions, strict=True):
         written = {kind: written_span(reply, kind) for kind in SPANS}
+        parsed = parse_reply(reply, True, action_sep, max_actions)
+        same = [a.lower() for a in parsed.actions] == [a.strip().lower() for a in moves]
         scores["written_spans"].append(all(text is not None for text in written.values()))
-        scores["format_ok"].append(parse_reply(reply, True, action_sep, max_actions).format_ok)
-        for kind, true in (("observation", state), ("prediction", next_state)):
-            result = score_state(written[kind], true)
-            for key in ("exact", "grid_exact", "coordinates_all"):
-                if result[key] is not None:
-                    scores.setdefault(f"{kind}/{key}", []).append(result[key])
-            for label, ok in result["labels"].items():
-                scores.setdefault(f"{kind}/coordinates/{label}", []).append(ok)
+        scores["format_ok"].append(parsed.format_ok)
+        scores["same_moves"].append(same)
+        add("observation", score_state(written["observation"], state))
+        add("prediction", score_state(written["prediction"], next_state))
+        if same:
+            add("prediction_same_moves", score_state(written["prediction"], next_state))
+        add("copy/prediction", score_state(state, next_state))
     return {"turns": len(replies)} | {key: float(np.mean(values)) for key, values in sorted(scores.items()) if values}
 
 
@@ -339,7 +360,8 @@ def score_model(model_path: str, data_file: Path, max_turns: int = 256, batch_si
         generated = engine.generate(prompts[start:start + batch_size], sampling).token_ids
         replies += [reply_text(tokenizer, ids, opening) for ids in generated]
     scores = score_replies(replies, [row["state"] for row in rows], [row["next_state"] for row in rows],
-                           reply_format["action_sep"], reply_format["max_actions_per_turn"])
+                           [row["actions"] for row in rows], reply_format["action_sep"],
+                           reply_format["max_actions_per_turn"])
     return scores | {"model_path": model_path, "examples": replies[:3]}
 
 
@@ -479,6 +501,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.seed < 0 or args.seed + args.train_episodes + args.test_episodes > cfg.trainer.val_seed:
         parser.error(f"seeds must lie in [0, {cfg.trainer.val_seed}): the validation start states of training "
                      "(trainer.val_seed) begin there")
+    if args.command == "stage":
+        if any(o.split("=", 1)[0].lstrip("+~") == "lora.rank" for o in args.sft):
+            parser.error("set a LoRA rank with --lora-rank, not --sft lora.rank=...: the stage merges the adapter "
+                         "before scoring it")
+        if (args.output / "model").exists():
+            parser.error(f"{args.output / 'model'} holds the fine-tuning of an earlier stage run, which the trainer "
+                         "would resume instead of training on the new self-play data: choose another --output or "
+                         "remove that folder")
     if args.command == "data":
         write_data(cfg, args.output, args.train_episodes, args.test_episodes, args.seed, args.max_train_turns,
                    args.play_format, args.episodes_per_rollout)

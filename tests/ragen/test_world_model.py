@@ -253,7 +253,7 @@ def test_scores_on_exact_partial_and_garbled_replies():
                reply(wrong_player, extra_label),  # one label wrong; a label the true state lacks
                "<think>I go left.</think><answer>Left</answer>",  # no spans
                reply("garbled ## P", "(1, 1)")]  # garbled spans
-    scores = score_replies(replies, [COORD_STATE] * 4, [next_state] * 4)
+    scores = score_replies(replies, [COORD_STATE] * 4, [next_state] * 4, [["Left"], ["Left"], ["Up"], ["left"]])
     assert scores["turns"] == 4 and scores["format_ok"] == 1.0
     assert scores["written_spans"] == 0.75
     assert scores["observation/exact"] == scores["observation/coordinates_all"] == 0.25
@@ -263,10 +263,17 @@ def test_scores_on_exact_partial_and_garbled_replies():
     assert scores["prediction/exact"] == 0.25 and scores["prediction/grid_exact"] == 0.5
     assert scores["prediction/coordinates/Boxes on target"] == 0.0  # only the reply that added it has it
     assert scores["prediction/coordinates/Player"] == 0.5 and scores["prediction/coordinates_all"] == 0.25
+    # the true next state is that of the recorded moves: the third reply answered Left where Up was played
+    assert scores["same_moves"] == 0.75
+    assert scores["prediction_same_moves/exact"] == pytest.approx(1 / 3)
+    # copying the current state: the grid and the player changed, the targets and boxes did not
+    assert scores["copy/prediction/exact"] == scores["copy/prediction/coordinates/Player"] == 0.0
+    assert scores["copy/prediction/coordinates/Targets"] == scores["copy/prediction/coordinates/Boxes"] == 1.0
 
 
 def test_grid_states_are_scored_without_coordinates():
-    scores = score_replies([reply(GRID, GRID + "\n"), reply(GRID.replace("P", "_"), None)], [GRID] * 2, [GRID] * 2)
+    scores = score_replies([reply(GRID, GRID + "\n"), reply(GRID.replace("P", "_"), None)], [GRID] * 2, [GRID] * 2,
+                           [["Left"]] * 2)
     assert scores["observation/exact"] == 0.5 and scores["prediction/exact"] == 0.5
     assert not any("coordinates" in key for key in scores)
 
@@ -307,3 +314,14 @@ def test_stage_end_to_end(tmp_path, tiny_model_path, tokenizer, monkeypatch):
     base = load_file(Path(tiny_model_path) / "model.safetensors")
     assert any(not torch.equal(trained[k], base[k]) for k in base)
     assert pq.read_table(output / "data" / "train.parquet").num_rows == 4
+
+
+@pytest.mark.parametrize("extra", [["--sft", "lora.rank=8"], []])
+def test_stage_refuses_a_lora_rank_through_sft_and_an_earlier_fine_tuning(tmp_path, extra, capsys):
+    """`--sft lora.rank=8` would leave an unmerged adapter to score; an existing `model/` would be resumed by
+    the trainer instead of trained on the new self-play data."""
+    if not extra:
+        (tmp_path / "model").mkdir()
+    with pytest.raises(SystemExit):
+        world_model.main(["stage", "--env", "sokoban", "--output", str(tmp_path), *extra])
+    assert ("--lora-rank" if extra else "earlier stage run") in capsys.readouterr().err
