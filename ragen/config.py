@@ -46,12 +46,12 @@ class CurriculumConfig:
     type: str = "none"  # none | schedule (E2H Gaussian over levels by step) | adaptive (follows training success)
     key: str = "search_depth"  # int field of every training tag's env_config that a level sets (overriding it)
     levels: list[int] = field(default_factory=list)  # values of `key` from easy to hard, e.g. [5, 10, 20, 30]
-    steps: int = "${trainer.total_training_steps}"  # schedule: T, the step from which the hardest level is likeliest
+    steps: int = "${trainer.total_training_steps}"  # schedule: T, the step at which the centre reaches the hardest level (and stays)
     mu_exp: float = 0.5  # schedule: the Gaussian's centre is (step / steps) ** mu_exp * (len(levels) - 1)
     sigma: float = 0.5  # schedule: its width in levels; a small one fades the easy levels out sooner
     window: int = 5  # adaptive: steps at a level whose mean success may move it
-    target_success_high: float = 0.6  # adaptive: one level harder when the window's mean success is above this
-    target_success_low: float = 0.2  # adaptive: one level easier when it is below this
+    target_success_high: float = 0.6  # adaptive: one level harder when the window's mean success is above this (1: never)
+    target_success_low: float = 0.2  # adaptive: one level easier when it is below this (0: never)
 
 
 @dataclass
@@ -533,7 +533,7 @@ def _validate_curriculum(cfg: RagenConfig) -> None:
                 raise ConfigError(f"{key}.levels: {curriculum.key}={level!r} is not valid for training tag "
                                   f"{tag!r}: {e}") from e
     if curriculum.type == "schedule":
-        _check(curriculum.steps >= 1, f"{key}.steps must be >= 1 (the step from which the hardest level is likeliest)")
+        _check(curriculum.steps >= 1, f"{key}.steps must be >= 1 (the step at which the schedule's centre reaches the hardest level)")
         _check(math.isfinite(curriculum.sigma) and curriculum.sigma > 0, f"{key}.sigma must be finite and > 0 (the "
                "Gaussian's width in levels, e.g. 0.5)")
         _check(math.isfinite(curriculum.mu_exp) and curriculum.mu_exp > 0, f"{key}.mu_exp must be finite and > 0 "

@@ -99,6 +99,9 @@ class AdaptiveCurriculum:
         return {"level": self.level, "window": list(self.window)}
 
     def load_state_dict(self, state: dict) -> None:
+        if "level" not in state:  # only a forced resume can change the curriculum's type
+            raise ValueError("the checkpoint was saved without an adaptive curriculum: resume with the "
+                             "es_manager.train.curriculum.type it was saved with")
         if not 0 <= state["level"] < len(self.config.levels):  # only a forced resume can change the levels
             raise ValueError(f"the checkpoint's curriculum is at level {state['level'] + 1} of a list that now has "
                              f"{len(self.config.levels)}: resume with the es_manager.train.curriculum.levels it was "

@@ -102,6 +102,8 @@ def test_adaptive_state_resumes_exactly():
     assert whole.state_dict() == resumed.state_dict()
     with pytest.raises(ValueError, match="level 4 of a list that now has 3"):
         adaptive().load_state_dict({"level": 3, "window": []})
+    with pytest.raises(ValueError, match="saved without an adaptive curriculum"):
+        adaptive().load_state_dict({})  # a schedule's state, after a forced resume that changed the type
 
 
 def test_metrics_per_level():

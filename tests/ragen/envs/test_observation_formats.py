@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ragen.envs import check_env, check_env_config, make_env
-from ragen.envs.frozen_lake import FrozenLakeConfig, FrozenLakeEnv
+from ragen.envs.frozen_lake import FrozenLakeConfig, FrozenLakeEnv, oracle_action
 from ragen.envs.sokoban import LEGEND, SokobanConfig, SokobanEnv, parse_room
 
 HEADER = re.compile(r"Board size: (\d+) rows x (\d+) cols \(zero-indexed\)\.")
@@ -279,6 +279,26 @@ def test_frozen_lake_coordinates_agree_with_the_grid(separator):
             assert alone.step(action)[0] == obs.split("\nGrid:\n")[0], "the same slips, the same text"
             if terminated or truncated:
                 break
+
+
+@pytest.mark.parametrize("separator", SEPARATORS)
+def test_frozen_lake_player_on_the_goal_is_listed_as_player_and_goal(separator):
+    """Random steps rarely reach the goal: the oracle walks there on dry maps, and the last state is checked."""
+    env = FrozenLakeEnv(FrozenLakeConfig(cell_separator=separator, observation_format="grid_coord", is_slippery=False))
+    reached = 0
+    for seed in range(100):
+        obs = env.reset(seed=seed)[0]
+        for _ in range(env.desc.size):
+            obs, reward, terminated, _, info = env.step(oracle_action(env))
+            if terminated:
+                break
+        if not info["success"]:
+            continue
+        reached += 1
+        _, coordinates, grid = parse_observation(obs, separator)
+        assert coordinates["Player"] == coordinates["Goal"] == cells_of(grid, "√")
+        assert cells_of(grid, "PG") == []
+    assert reached >= 50, "the oracle reaches the goal of most dry maps"
 
 
 # ---- config, instructions, spaces ---------------------------------------------------------------------------
