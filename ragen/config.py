@@ -61,7 +61,8 @@ class EnvGroupsConfig:
     env_configs: EnvMixConfig = field(default_factory=EnvMixConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # training only: validation stays fixed
     # true: a group's environments also share their random stream after the start (common random numbers): equal
-    # moves meet equal luck, so a group compares moves, not luck, when its samples mostly agree (FrozenLake's slips)
+    # moves meet equal luck, so a group compares moves, not luck, when its samples mostly agree (FrozenLake's slips;
+    # the k-th draw is shared, whatever moves came before). Deterministic steps (Sokoban, Countdown): no effect
     shared_randomness: bool = False
 
 

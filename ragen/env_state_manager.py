@@ -43,6 +43,11 @@ from ragen.envs import make_env
 from ragen.envs.remote import make_remote_env
 from ragen.envs.utils import start_episode
 
+# The entropy word of an episode's own random stream, [seed, EPISODE_STREAM, place in group]. Not [seed, place]:
+# numpy pads entropy with zeros, so [seed, 0] is seed alone, the stream env.reset(seed) drew the start state from,
+# and the episode would replay it (the bandit's payout drew the number that had ordered its arms).
+EPISODE_STREAM = 0x73747265616D  # "stream"
+
 
 # environments stepped at once (step_all, reset): enough for RAGEN's 8 x 16 batch in two waves; threads mostly
 # wait (on a server's reply, a sandbox), so more of them than cores is the point
@@ -122,7 +127,8 @@ class EnvStateManager:
                 level = levels[state.group_id] if levels is not None else None
                 if level != state.level:
                     self._swap_env(state, self._make_env(state.tag, level), level)
-                stream = [state.seed, 0 if self.config.shared_randomness else state.env_id % self.config.group_size]
+                place = 0 if self.config.shared_randomness else state.env_id % self.config.group_size
+                stream = [state.seed, EPISODE_STREAM, place]
                 return start_episode(state.env, state.seed, stream), None
             except Exception as e:  # an env (or its server) that fails to start ends only its own trajectory
                 return ("", {}), e

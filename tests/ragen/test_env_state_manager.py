@@ -1,5 +1,6 @@
 import threading
 
+import numpy as np
 import pytest
 
 from ragen.config import CurriculumConfig, CustomEnvConfig, EnvGroupsConfig, EnvMixConfig, EsManagerConfig
@@ -120,6 +121,23 @@ def test_a_group_shares_its_start_but_not_its_luck():
     draws = [payouts(step) for step in range(1, 41)]
     assert sum(len(set(d)) > 1 for d in draws) > 20  # P(8 equal draws) = 0.25^8 + 0.75^8 ~ 0.1
     assert draws == [payouts(step) for step in range(1, 41)]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_an_episode_does_not_replay_the_stream_its_start_was_drawn_from(shared):
+    """The bandit draws its arms' order at reset and the payout at the pull. Were the episode's stream the reset's
+    (numpy's [seed, 0] is seed alone), the risky arm listed first (draw >= 0.5) could never pay (it pays below
+    0.25), and listed second would pay half the time: the order would tell the payout."""
+    mix = EnvMixConfig(tags=["Bandit"], n_groups=[1])
+    em = EnvStateManager(EnvGroupsConfig(env_groups=1, group_size=1, env_configs=mix, shared_randomness=shared),
+                         {"Bandit": BANDIT}, seed=3)
+    paid = {True: [], False: []}  # risky listed first -> did it pay
+    for step in range(400):
+        state = em.reset(step)[0]
+        paid[state.obs.startswith("Arms: dragon")].append(em.step(state.env_id, ["dragon"]).reward > 0)
+    assert min(len(paid[True]), len(paid[False])) > 150
+    for first in (True, False):  # 0.25 each; 3 standard errors of ~180 pulls is 0.1
+        assert abs(np.mean(paid[first]) - 0.25) < 0.1, (first, np.mean(paid[first]))
 
 
 def test_shared_randomness_gives_equal_moves_equal_luck():
