@@ -13,7 +13,7 @@
 # (ragen/sft/data.py), e.g. --noise=0.2 or --train-size=4000; NPROC=N runs N data-parallel ranks. The
 # expert data is kept in <output_dir>/data, so warm starts made side by side never share a file; a later call with
 # the same data options reuses it, and the same command after an interruption goes on from the last save
-# (every trainer.test_freq steps).
+# (every trainer.test_freq steps); other data options into an output_dir that holds a model are refused.
 # Defaults (measured for Sokoban, greedy, 3 seeds): 16,000 expert episodes (~82,600 moves), 700 steps of 64 samples
 # (about half an epoch), lr 1e-4 on a cosine after 10 warm-up steps. Its step-600 saves (one H200, the three seeds
 # side by side, ~0.6 s a step with trainer.micro_batch_size_per_gpu=64; step 700 not yet measured) solved 93.0 % +- 0.8
@@ -55,6 +55,10 @@ DATA_ARGS=(--env "$ENV_NAME" --train-size 16000 --test-size 64 --per-move --outp
     ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"} ${RECIPE[@]+"${RECIPE[@]}"})
 if [ "$(cat "$DATA/command.txt" 2>/dev/null)" == "$(printf '%q ' "${DATA_ARGS[@]}")" ]; then  # an earlier sitting's
     echo "warm start: reusing the expert data in $DATA"
+elif [ -f "$OUTPUT/sft_state.json" ]; then  # its model was trained on the data these options would replace
+    echo "warm start: $OUTPUT holds a model trained on expert data made with other options" \
+        "($(cat "$DATA/command.txt" 2>/dev/null || echo 'unknown')); choose another output_dir, or remove that one" >&2
+    exit 2
 else
     rm -f "$DATA/command.txt"
     python -m ragen.sft.data "${DATA_ARGS[@]}"

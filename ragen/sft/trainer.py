@@ -18,6 +18,7 @@ the same command runs again (`trainer.resume_mode=auto`), with the same sample o
 unbroken run; the finished run drops that state (about twice the model's size for full fine-tuning).
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -129,6 +130,13 @@ class Split:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def fingerprint(self) -> str:
+        """A hash of the conversations' tokens and masks: a resumed run must train on the same data."""
+        digest = hashlib.sha256()
+        for ids, mask in zip(self.input_ids, self.loss_mask, strict=True):
+            digest.update(np.asarray(ids, dtype=np.int64).tobytes() + np.asarray(mask, dtype=np.int8).tobytes())
+        return digest.hexdigest()[:16]
+
 
 def load_split(path: str, tokenizer, max_length: int) -> Split:
     if not Path(path).is_file():
@@ -198,7 +206,8 @@ class SFTTrainer(Worker):
                               f"trainer.train_batch_size={cfg.trainer.train_batch_size}")
         cfg.optim.total_training_steps = cfg.trainer.total_training_steps if cfg.trainer.total_training_steps > 0 \
             else cfg.trainer.total_epochs * self.steps_per_epoch
-        self.resume_step = resumable_step(cfg, world_size) if cfg.trainer.resume_mode == "auto" else 0
+        self.train_data = self.train.fingerprint()
+        self.resume_step = resumable_step(cfg, world_size, self.train_data) if cfg.trainer.resume_mode == "auto" else 0
 
         self.model = load_policy(cfg.model, self.device, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
                                  target_modules=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout)
@@ -351,7 +360,8 @@ class SFTTrainer(Worker):
                 self.processor.save_pretrained(staging)
             OmegaConf.save(OmegaConf.structured(self.cfg), staging / "sft_config.yaml")
             state = {"step": step, "total_steps": total, "world_size": self.world_size,
-                     "epoch": step / self.steps_per_epoch, "base_model": self.cfg.model.path}
+                     "epoch": step / self.steps_per_epoch, "base_model": self.cfg.model.path,
+                     "train_data": self.train_data}
             (staging / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")  # the last file: staging is whole
             publish(staging, target)
             what = "adapter" if self.cfg.lora.rank > 0 else "model (full fine-tuning)"
@@ -383,9 +393,10 @@ def publish(staging: Path, target: Path) -> None:
     staging.rmdir()
 
 
-def resumable_step(cfg: SFTConfig, world_size: int) -> int:
+def resumable_step(cfg: SFTConfig, world_size: int, train_data: str) -> int:
     """The step after which the unfinished run saved in `default_local_dir` stopped (0: none there, start
-    afresh); a ConfigError where that run cannot go on as this one."""
+    afresh); a ConfigError where that run cannot go on as this one. `train_data`: `Split.fingerprint` of the
+    training data, which must be the saved run's (a save made before fingerprints were kept is not checked)."""
     folder = Path(cfg.trainer.default_local_dir)
     if not (folder / STATE_FILE).is_file():
         return 0
@@ -395,6 +406,9 @@ def resumable_step(cfg: SFTConfig, world_size: int) -> int:
     if "total_steps" not in state:  # written before runs could resume: nothing to continue
         return 0
     step, total = state["step"], cfg.optim.total_training_steps
+    if state.get("train_data", train_data) != train_data:
+        raise ConfigError(f"{folder} holds a run (step {step} of {state['total_steps']}) trained on other data than "
+                          f"{cfg.data.train_file} now holds (made anew since?): {start_over}")
     changes = config_changes(OmegaConf.to_container(OmegaConf.load(folder / "sft_config.yaml")),
                              asdict(cfg))
     fixed = fixed_changes(changes, SFT_FIXED_ON_RESUME)

@@ -233,17 +233,17 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
 
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
     """sft/warm_start.sh: --option=value, --flag and the recipe's env/agent keys to ragen.sft.data, other key=value
-    to the trainer, the data kept in the output and reused by a call with the same data options, made anew for
-    others."""
+    to the trainer, the data kept in the output and reused by a call with the same data options; others are
+    refused while the output holds a model trained on that data."""
     out = tmp_path / "warm"
 
-    def warm_start(*data_options):
+    def warm_start(*data_options, returncode=0):
         done = subprocess.run(["bash", str(REPO / "sft" / "warm_start.sh"), "sokoban", str(out), *data_options,
                                "--test-size=2", f"model.path={tiny_model_path}", "trainer.total_training_steps=1",
                                "trainer.train_batch_size=8", "eval.max_turns=0"],
                               capture_output=True, text=True, cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-        assert done.returncode == 0, done.stderr[-2000:]
-        return "reusing the expert data" in done.stdout
+        assert done.returncode == returncode, done.stderr[-2000:]
+        return "reusing the expert data" in done.stdout if returncode == 0 else done.stderr
 
     options = ("--noise=0.3", "--describe-state", "--train-size=6", "agent_proxy.enable_think=true")  # a bare flag too
     assert not warm_start(*options)
@@ -254,9 +254,14 @@ def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, 
     assert (out / "model.safetensors").is_file() and (out / "sft_state.json").is_file()
     assert json.loads((out / "sft_state.json").read_text())["step"] == 1
     assert "Board size" in train.column("text")[0].as_py() and "The player is at" in train.column("text")[0].as_py()
-    # other data options: made anew; the recipe's env and agent keys go to the data, so that the expert plays the
-    # board as RL will show it
-    assert not warm_start("--train-size=4", "custom_envs.CoordSokoban.env_config.observation_format=grid")
+    # other data options: refused while the folder holds a model trained on the old data (which stays), made anew
+    # once it does not; the recipe's env and agent keys go to the data, so that the expert plays the board as RL
+    # will show it
+    other_options = ("--train-size=4", "custom_envs.CoordSokoban.env_config.observation_format=grid")
+    assert "holds a model trained on expert data made with other options" in warm_start(*other_options, returncode=2)
+    assert pq.read_table(out / "data" / "train.parquet").equals(train)
+    (out / "sft_state.json").unlink()
+    assert not warm_start(*other_options)
     other = pq.read_table(out / "data" / "train.parquet")
     assert other.num_rows < train.num_rows and "Board size" not in other.column("text")[0].as_py()
 
@@ -410,6 +415,10 @@ def test_a_killed_run_resumes_where_its_last_save_left_it(sokoban_data, tiny_mod
         assert result.returncode != 0, result.stdout[-2000:]
         return result.stderr
     assert "trainer.seed: 0 -> 1" in refused(unfinished, "trainer.seed=1")
+    other_data = shutil.copytree(unfinished, tmp_path / "other_data")  # as if saved from data made otherwise
+    state = json.loads((other_data / "sft_state.json").read_text())
+    (other_data / "sft_state.json").write_text(json.dumps(state | {"train_data": "0" * 16}))
+    assert "trained on other data" in refused(other_data)
     assert "finished run of 8 steps" in refused(killed, "trainer.total_training_steps=10")
 
 
