@@ -1,0 +1,142 @@
+"""Were the held-out boards among the training boards? `python scripts/seen_boards.py EPISODES... --recipe R
+--train-seeds 0:2000 [key=value ...]`.
+
+Held-out start states come from seeds that no run trained on, but small boards repeat across seeds: the 2,000
+seeds of the laptop Sokoban warm start hold 1,569 distinct 6×6 levels, and 30 % of 128 levels drawn from another
+seed range are among them (the 16,000 of the default warm start: 7,111 levels, 74 %); the 2,000 of FrozenLake's
+warm start hold 733 distinct 4×4 maps, and 77 % of 128 held-out maps. A seed-disjoint test then measures recall
+as much as reading the board. This script rebuilds each tag's start boards at the training seeds
+(`env.reset(seed)` with the recipe's env config and the overrides given, so the text is the one the episodes
+were played on) and splits every episode file's greedy success into the boards seen in training and those not
+seen, beside the scripted oracle's success on the same start states (a board that repeats is a common one, and
+may be easier). FrozenLake episodes get instead their expected success without the slips' luck and the best odds
+(`scripts/map_dependence.py`) on each part.
+
+The training seeds are those of the training data: the warm start's expert episodes (`ragen.sft.data`'s
+`--seed` onwards, 0 .. `--train-size` by default) and RL's start states (`trainer.seed + step × env_groups +
+group`, inside the first range for the recipes here). Give one `--train-seeds START:END` per range.
+Files may be gzipped (`.gz`); `--json PATH` also writes the figures.
+"""
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ragen.envs import make_env
+from ragen.envs.baselines import OracleAgent, evaluate, has_oracle
+from ragen.envs.frozen_lake import FrozenLakeEnv
+from ragen.overrides import load_config
+
+_spec = importlib.util.spec_from_file_location("map_dependence", Path(__file__).with_name("map_dependence.py"))
+map_dependence = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(map_dependence)
+
+
+def seed_range(text: str) -> range:
+    start, _, end = text.partition(":")
+    try:
+        seeds = range(int(start), int(end))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:END (e.g. 0:2000)") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r} holds no seed")
+    return seeds
+
+
+def training_boards(cfg, tags: set[str], train_seeds: list[range]) -> dict[str, set[str]]:
+    """Per tag, the start observations of every training seed."""
+    boards = {}
+    for tag in sorted(tags):
+        spec = cfg.custom_envs[tag]
+        env = make_env(spec.env_type, dict(spec.env_config))
+        boards[tag] = {env.reset(seed=seed)[0] for seeds in train_seeds for seed in seeds}
+    return boards
+
+
+def split_by_seen(records: list[dict], cfg, boards: dict[str, set[str]]) -> dict[str, list[dict]]:
+    """The episodes whose start board is among the training boards of their tag, and the others."""
+    envs, parts = {}, {"seen": [], "unseen": []}
+    for record in records:
+        tag = record["tag"]
+        if tag not in envs:
+            spec = cfg.custom_envs[tag]
+            envs[tag] = make_env(spec.env_type, dict(spec.env_config))
+        start = envs[tag].reset(seed=record["seed"])[0]
+        parts["seen" if start in boards[tag] else "unseen"].append(record)
+    return parts
+
+
+def oracle_success(records: list[dict], cfg) -> float | None:
+    """The scripted oracle's success on the episodes' start states, one episode each (None: an env without one)."""
+    solved = 0.0
+    for tag in sorted({record["tag"] for record in records}):
+        spec = cfg.custom_envs[tag]
+        env = make_env(spec.env_type, dict(spec.env_config))
+        if not has_oracle(env):
+            return None
+        seeds = [record["seed"] for record in records if record["tag"] == tag]
+        solved += evaluate(env, OracleAgent(), seeds, spec.max_actions_per_traj).success_rate * len(seeds)
+    return solved / len(records)
+
+
+def figures(records: list[dict], recipe: str, overrides: list[str], boards: dict[str, set[str]]) -> dict:
+    """Success on the boards seen in training (`boards`, from `training_boards`) and on the others."""
+    cfg = load_config(recipe, overrides)
+    tags = {record["tag"] for record in records}
+    parts = split_by_seen(records, cfg, boards)
+    result = {"episodes": len(records), "training_boards": {tag: len(boards[tag]) for tag in sorted(tags)}}
+    lake = all(isinstance(make_env(cfg.custom_envs[tag].env_type, dict(cfg.custom_envs[tag].env_config)).unwrapped,
+                          FrozenLakeEnv) for tag in tags)
+    for name, part in parts.items():
+        result[name] = {"episodes": len(part),
+                        "success": float(np.mean([r["success"] for r in part])) if part else None}
+        if lake and part:  # the oracle's exact odds among them
+            slip_free = map_dependence.analyse(part, recipe, overrides)
+            result[name] |= {key: slip_free[key] for key in ("expected_success", "expected_success_stderr",
+                                                             "best_success", "oracle_success")}
+        elif part:
+            result[name]["oracle_success"] = oracle_success(part, cfg)
+    return result
+
+
+def report(path: Path, result: dict) -> str:
+    def part(name: str) -> str:
+        figures = result[name]
+        if not figures["episodes"]:
+            return "none"
+        text = f"{figures['episodes']}, {figures['success']:.1%} solved"
+        if figures.get("oracle_success") is not None and figures.get("expected_success") is None:
+            text += f" (the oracle {figures['oracle_success']:.1%})"
+        if figures.get("expected_success") is not None:
+            text += (f" ({figures['expected_success']:.1%} +- {figures['expected_success_stderr']:.1%} expected without"
+                     f" the slips' luck, the best {figures['best_success']:.1%})")
+        return text
+    return (f"{path}: {result['episodes']} episodes; on boards seen in training {part('seen')}; on boards not seen "
+            f"{part('unseen')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("episodes", type=Path, nargs="+", help="JSONL files of episodes (ragen.eval, rollouts/val)")
+    parser.add_argument("--recipe", required=True, help="the recipe the episodes were played with")
+    parser.add_argument("--train-seeds", type=seed_range, action="append", required=True, metavar="START:END",
+                        help="a range of training seeds (repeat for several)")
+    parser.add_argument("--json", type=Path, help="also write the figures here, one entry per file")
+    parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
+    args = parser.parse_intermixed_args()
+    episodes = {path: map_dependence.read_episodes(path) for path in args.episodes}
+    tags = {record["tag"] for records in episodes.values() for record in records}
+    boards = training_boards(load_config(args.recipe, args.overrides), tags, args.train_seeds)
+    results = {}
+    for path, records in episodes.items():
+        results[str(path)] = figures(records, args.recipe, args.overrides, boards)
+        print(report(path, results[str(path)]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
