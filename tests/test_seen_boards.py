@@ -9,6 +9,7 @@ from pathlib import Path
 from ragen.envs import make_env
 from ragen.envs.baselines import ConstantAgent
 from ragen.overrides import load_config
+from tests.test_map_dependence import play  # episodes as the trainer records them
 
 REPO = Path(__file__).parents[1]
 spec = importlib.util.spec_from_file_location("seen_boards", REPO / "scripts" / "seen_boards.py")
@@ -16,24 +17,6 @@ seen_boards = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(seen_boards)
 
 TAG = "CoordFrozenLake"
-
-
-def play(seeds) -> list[dict]:
-    """Episodes as the trainer records them, pressing Down."""
-    env_spec = load_config("frozen_lake", []).custom_envs[TAG]
-    env, agent, records = make_env(env_spec.env_type, dict(env_spec.env_config)), ConstantAgent("Down"), []
-    for seed in seeds:
-        state, _ = env.reset(seed=seed)
-        turns, success = [], False
-        for _ in range(env_spec.max_actions_per_traj):
-            action = agent.act(env)
-            turns.append({"state": state, "actions": [action]})
-            state, _, terminated, truncated, info = env.step(action)
-            success = success or info["success"]
-            if terminated or truncated:
-                break
-        records.append({"tag": TAG, "seed": seed, "success": success, "turns": turns})
-    return records
 
 
 def test_held_out_seeds_are_split_by_their_maps(tmp_path):
@@ -49,7 +32,7 @@ def test_held_out_seeds_are_split_by_their_maps(tmp_path):
     expected_seen = sum(lake(seed) in known for seed in held_out)
     assert 0 < expected_seen < len(held_out)  # small maps repeat, and not all of them
 
-    records = play(list(train[:10]) + list(held_out))
+    records = play(ConstantAgent("Down"), list(train[:10]) + list(held_out))
     cfg = load_config("frozen_lake", [])
     boards = seen_boards.training_boards(cfg, {TAG}, [train])
     parts = seen_boards.split_by_seen(records, cfg, boards)
