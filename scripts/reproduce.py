@@ -34,9 +34,12 @@ The validation states are watched while runs are made, so a recipe chosen by the
 also tests, once each run has finished, the model it started from and its last checkpoint (greedy, as validated) on
 `--test-groups` start states per tag from T on, which nothing was validated on: the independent re-run of a
 result (`runs/seed_<S>/test/{before,after}/`: metrics.json, trajectories.jsonl; a "test" table in results.md).
+Small boards repeat across seeds, so with a warm start the test's success is also split by whether each board
+was among the warm start's training boards (`unseen_boards` in results.json, scripts/seen_boards.py).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -56,6 +59,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "reward std (batch)",
            "rollout/in_group_std": "reward std within groups", "rollout/response_repetition": "4-gram repetition"}
 STOP_GRACE_S = 180  # an interrupted stage's time to finish a checkpoint and stop its Ray workers
+_spec = importlib.util.spec_from_file_location("seen_boards", Path(__file__).with_name("seen_boards.py"))
+seen_boards = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(seen_boards)
 
 
 def run_stage(command: list[str], log) -> int:
@@ -211,10 +217,38 @@ def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
                            out, out.parent / f"{name}.log")
         test[name] = {key.split("/")[1]: value for key, value in metrics.items()
                       if key.startswith("val-env/") and key.endswith("/success")}
+    if models["before"]:  # a warm start's test boards that were not its training boards
+        split = unseen_boards(recipe, kept, Path(models["before"][0].split("=", 1)[1]),
+                              run_dir / "test" / f"{args.test_seed}x{args.test_groups}")
+        if split is not None:
+            test["unseen_boards"] = split
     print(f"[reproduce] test on {args.test_groups} start states per tag from {args.test_seed}: "
           + ", ".join(f"{tag} {test['before'][tag]:.3f} -> {test['after'][tag]:.3f}" for tag in test["after"]),
           flush=True)
     return test
+
+
+def unseen_boards(recipe: str, overrides: list[str], model_dir: Path, test_dir: Path) -> dict | None:
+    """Success before and after on the test's start boards that were not among the training boards of the model
+    the run started from (the seeds of its expert data, `<model_dir>/data/train.parquet`, as sft/warm_start.sh
+    keeps it; None without one), and on those that were: small boards repeat across seeds
+    (scripts/seen_boards.py)."""
+    data = model_dir / "data" / "train.parquet"
+    if not data.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    seeds = sorted(set(pq.read_table(data, columns=["seed"]).column("seed").to_pylist()))
+    cfg = load_config(recipe, overrides)
+    episodes = {name: seen_boards.map_dependence.read_episodes(test_dir / name / "trajectories.jsonl")
+                for name in ("before", "after")}
+    boards = seen_boards.training_boards(cfg, {r["tag"] for records in episodes.values() for r in records}, [seeds])
+    split = {"training_seeds": len(seeds)}
+    for name, records in episodes.items():
+        parts = seen_boards.split_by_seen(records, cfg, boards)
+        split[name] = {part: {"episodes": len(rows), "success": sum(bool(r["success"]) for r in rows) / len(rows)
+                              if rows else None} for part, rows in parts.items()}
+    return split
 
 
 def evaluate(recipe: str, overrides: list[str], out: Path, log_path: Path) -> dict:
@@ -336,6 +370,9 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
     summary["test"] = {"test_seed": args.test_seed, "test_groups": args.test_groups, "seeds": list(tested),
                        "untested": [seed for seed in runs if seed not in tested], "baselines": test_baselines,
                        "success": success}
+    split = {seed: t["unseen_boards"] for seed, t in tested.items() if t.get("unseen_boards")}
+    if split:
+        summary["test"]["unseen_boards"] = split
     return summary
 
 
@@ -391,6 +428,17 @@ def test_markdown(test: dict) -> list[str]:
         per_seed = ", ".join(f"{seed}: {b:.3f} -> {a:.3f}" for seed, b, a in zip(test["seeds"], row["before"], row["after"]))
         lines.append(f"| {tag} | {baseline_cells(test['baselines'][tag])} | {row['before_mean']:.3f} ± "
                      f"{row['before_std']:.3f} | {row['after_mean']:.3f} ± {row['after_std']:.3f} | {per_seed} |")
+    if test.get("unseen_boards"):
+        lines += ["", "Small boards repeat across seeds: split by whether a test board was among the warm start's "
+                      "training boards (scripts/seen_boards.py), before -> after:", "",
+                  "| seed | training seeds | seen in training: boards, success | not seen: boards, success |",
+                  "|---|---|---|---|"]
+        for seed, split in test["unseen_boards"].items():
+            cells = [f"{split['after'][part]['episodes']}, " + (
+                "-" if split["after"][part]["success"] is None else
+                f"{split['before'][part]['success']:.3f} -> {split['after'][part]['success']:.3f}")
+                for part in ("seen", "unseen")]
+            lines.append(f"| {seed} | {split['training_seeds']} | {cells[0]} | {cells[1]} |")
     return lines + [""]
 
 

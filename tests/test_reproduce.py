@@ -268,3 +268,33 @@ def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tm
     text = reproduce.markdown(summary)
     assert "16 start states per tag from seed 9000" in text and "Not tested" in text
     assert "| BanditTest | 0.500 | - | 1.000 | 0.250 ± 0.000 | 0.750 ± 0.000 | 1: 0.250 -> 0.750 |" in text
+
+
+def test_the_test_is_split_by_the_warm_start_training_boards(tmp_path):
+    """A warm start's expert data names its training seeds; test boards among their boards are counted apart."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragen.envs.baselines import ConstantAgent
+    from tests.test_map_dependence import OVERRIDES, play
+
+    warm = tmp_path / "warm_seed_1"
+    (warm / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"seed": list(range(300)) * 2}), warm / "data" / "train.parquet")  # a row per move
+    test_dir = tmp_path / "test" / "9000x40"
+    held_out = list(range(5_000_000, 5_000_040))
+    for name, agent in (("before", ConstantAgent("Down")), ("after", ConstantAgent("Right"))):
+        (test_dir / name).mkdir(parents=True)
+        records = play(agent, held_out)
+        (test_dir / name / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    split = reproduce.unseen_boards("frozen_lake", OVERRIDES, warm, test_dir)
+    seen = split["after"]["seen"]["episodes"]
+    assert split["training_seeds"] == 300 and 0 < seen < 40  # small maps repeat, and not all of them
+    assert split["before"]["seen"]["episodes"] == seen and split["after"]["unseen"]["episodes"] == 40 - seen
+    assert reproduce.unseen_boards("frozen_lake", OVERRIDES, tmp_path / "no_data", test_dir) is None
+
+    test = {"test_seed": 9000, "test_groups": 40, "seeds": [1], "untested": [], "unseen_boards": {1: split},
+            "success": {"CoordFrozenLake": reproduce.success_row([0.3], [0.4])},
+            "baselines": {"CoordFrozenLake": {"random": 0.0, "constant": None, "oracle": 0.4}}}
+    text = "\n".join(reproduce.test_markdown(test))
+    assert "not seen: boards, success" in text and f"| 1 | 300 | {seen}, " in text
