@@ -218,9 +218,10 @@ def test_rollout_reports_the_echo_trap_signal(tokenizer):
 def test_reward_metrics_are_raw_rewards_even_when_normalised(tokenizer):
     proxy, _ = make_proxy(tokenizer, "Bandit", CustomEnvConfig(env_type="bandit", max_actions_per_traj=1),
                           "ok</think><answer>dragon</answer>", max_turn=1)
-    raw = proxy.rollout(step=1)
+    step = next(step for step in range(1, 50) if proxy.rollout(step=step).metrics["rollout/reward_mean"] != 0)
+    raw = proxy.rollout(step=step)  # a step where some risky pull paid
     proxy.context.config.reward_normalization.grouping = "batch"
     proxy.context.config.reward_normalization.method = "mean_std"
-    normalised = proxy.rollout(step=1)
+    normalised = proxy.rollout(step=step)
     assert normalised.metrics["rollout/reward_mean"] == raw.metrics["rollout/reward_mean"] != 0
     assert normalised.batch.batch["token_rewards"].sum().item() == pytest.approx(0, abs=1e-5)  # what is trained on

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from ragen.config import ConfigError
 from ragen.overrides import load_config
 from ragen.context_manager import ContextManager, parse_reply, reply_spans
+from ragen.env_state_manager import EPISODE_STREAM
 from ragen.envs.utils import reseed
 from ragen.envs import make_env
 from ragen.envs.baselines import ORACLE_PLANS
@@ -41,7 +42,7 @@ def replay(row: dict, recipe: str, tokenizer, model_path: str, overrides=()) -> 
     env = make_env(spec.env_type, dict(spec.env_config))
     context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, {row["tag"]: env}, eos_token_ids(model_path, tokenizer))
     obs, _ = env.reset(seed=row["seed"])
-    reseed(env, [row["seed"], 0])  # as the env-state manager does: the data uses groups of one
+    reseed(env, [row["seed"], EPISODE_STREAM, 0])  # as the env-state manager does: the data uses groups of one
     actions_left = spec.max_actions_per_traj
     trajectory = context.start(row["tag"], obs, actions_left)
     turns = json.loads(row["turns"])

@@ -10,6 +10,7 @@ import torch
 from ragen.config import AgentProxyConfig, ConfigError
 from ragen.overrides import load_config
 from ragen.context_manager import ContextManager, parse_reply
+from ragen.env_state_manager import EPISODE_STREAM
 from ragen.create_data import write_parquet
 from ragen.envs.utils import reseed
 from ragen.envs import make_env
@@ -156,7 +157,7 @@ def test_rows_hold_the_prompts_the_context_manager_showed(self_play, tokenizer, 
         spec = cfg.custom_envs[tag]
         env = make_env(spec.env_type, dict(spec.env_config))
         obs, _ = env.reset(seed=seed)
-        reseed(env, [seed, 0])
+        reseed(env, [seed, EPISODE_STREAM, 0])  # as the env-state manager does
         context = ContextManager.for_envs(tokenizer, cfg.agent_proxy, {tag: env},
                                           eos_token_ids(bundled_model_path, tokenizer))
         actions_left = spec.max_actions_per_traj
