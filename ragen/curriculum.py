@@ -23,7 +23,7 @@ import numpy as np
 from ragen.config import CurriculumConfig
 
 # Entropy word that keeps the level draw independent of the env's own streams, seeded by the group's seed
-# alone (its reset) and by [seed, place in group] (ragen.envs.utils.reseed)
+# alone (its reset) and by [seed, EPISODE_STREAM, place in group] (ragen.env_state_manager)
 LEVEL_STREAM = 0x6C6576656C  # "level"
 
 

@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from ragen.overrides import load_config
 from ragen.plot import read_metrics, series
 from verl.utils.checkpoint import latest_checkpoint
@@ -129,6 +131,8 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
         record = json.loads(done.read_text(encoding="utf-8"))
+        if record.get("test") and "unseen_boards" not in record["test"]:  # recorded before the split existed
+            add_unseen_boards(record["test"], recipe, run_dir, overrides)
         if getattr(args, "keep_model", False) and "model" not in record:
             print(f"[reproduce] seed {seed}: --keep-model keeps nothing: the run finished without it and its "
                   "weights were removed", flush=True)
@@ -217,38 +221,40 @@ def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
                            out, out.parent / f"{name}.log")
         test[name] = {key.split("/")[1]: value for key, value in metrics.items()
                       if key.startswith("val-env/") and key.endswith("/success")}
-    if models["before"]:  # a warm start's test boards that were not its training boards
-        split = unseen_boards(recipe, kept, Path(models["before"][0].split("=", 1)[1]),
-                              run_dir / "test" / f"{args.test_seed}x{args.test_groups}")
-        if split is not None:
-            test["unseen_boards"] = split
+    add_unseen_boards(test, recipe, run_dir, overrides)
     print(f"[reproduce] test on {args.test_groups} start states per tag from {args.test_seed}: "
           + ", ".join(f"{tag} {test['before'][tag]:.3f} -> {test['after'][tag]:.3f}" for tag in test["after"]),
           flush=True)
     return test
 
 
+def add_unseen_boards(test: dict, recipe: str, run_dir: Path, overrides: list[str]) -> None:
+    """`test["unseen_boards"]` for a run that started from a warm start with its expert data (`unseen_boards`)."""
+    start = [o.split("=", 1)[1] for o in overrides if o.startswith("model_path=")]
+    kept = [o for o in overrides if not o.startswith(("es_manager.val.env_groups=", "model_path="))]
+    split = unseen_boards(recipe, kept, Path(start[0]), run_dir / "test" / f"{test['test_seed']}x{test['test_groups']}") \
+        if start else None
+    if split is not None:
+        test["unseen_boards"] = split
+
+
 def unseen_boards(recipe: str, overrides: list[str], model_dir: Path, test_dir: Path) -> dict | None:
     """Success before and after on the test's start boards that were not among the training boards of the model
     the run started from (the seeds of its expert data, `<model_dir>/data/train.parquet`, as sft/warm_start.sh
     keeps it; None without one), and on those that were: small boards repeat across seeds
-    (scripts/seen_boards.py)."""
+    (scripts/seen_boards.py). RL's own training start states are not counted: in the recipes here they lie
+    among the expert data's seeds."""
     data = model_dir / "data" / "train.parquet"
-    if not data.is_file():
+    files = {name: test_dir / name / "trajectories.jsonl" for name in ("before", "after")}
+    if not data.is_file() or not all(path.is_file() for path in files.values()):
         return None
-    import pyarrow.parquet as pq
-
     seeds = sorted(set(pq.read_table(data, columns=["seed"]).column("seed").to_pylist()))
     cfg = load_config(recipe, overrides)
-    episodes = {name: seen_boards.map_dependence.read_episodes(test_dir / name / "trajectories.jsonl")
-                for name in ("before", "after")}
+    episodes = {name: seen_boards.map_dependence.read_episodes(path) for name, path in files.items()}
     boards = seen_boards.training_boards(cfg, {r["tag"] for records in episodes.values() for r in records}, [seeds])
-    split = {"training_seeds": len(seeds)}
-    for name, records in episodes.items():
-        parts = seen_boards.split_by_seen(records, cfg, boards)
-        split[name] = {part: {"episodes": len(rows), "success": sum(bool(r["success"]) for r in rows) / len(rows)
-                              if rows else None} for part, rows in parts.items()}
-    return split
+    return {"training_seeds": len(seeds)} | {
+        name: seen_boards.success_by_part(seen_boards.split_by_seen(records, cfg, boards))
+        for name, records in episodes.items()}
 
 
 def evaluate(recipe: str, overrides: list[str], out: Path, log_path: Path) -> dict:

@@ -46,12 +46,16 @@ def seed_range(text: str) -> range:
     return seeds
 
 
-def training_boards(cfg, tags: set[str], train_seeds: list[range]) -> dict[str, set[str]]:
-    """Per tag, the start observations of every training seed."""
+def tag_env(cfg, tag: str):
+    spec = cfg.custom_envs[tag]
+    return make_env(spec.env_type, dict(spec.env_config))
+
+
+def training_boards(cfg, tags: set[str], train_seeds) -> dict[str, set[str]]:
+    """Per tag, the start observations of every training seed (`train_seeds`: iterables of seeds)."""
     boards = {}
     for tag in sorted(tags):
-        spec = cfg.custom_envs[tag]
-        env = make_env(spec.env_type, dict(spec.env_config))
+        env = tag_env(cfg, tag)
         boards[tag] = {env.reset(seed=seed)[0] for seeds in train_seeds for seed in seeds}
     return boards
 
@@ -60,59 +64,59 @@ def split_by_seen(records: list[dict], cfg, boards: dict[str, set[str]]) -> dict
     """The episodes whose start board is among the training boards of their tag, and the others."""
     envs, parts = {}, {"seen": [], "unseen": []}
     for record in records:
-        tag = record["tag"]
-        if tag not in envs:
-            spec = cfg.custom_envs[tag]
-            envs[tag] = make_env(spec.env_type, dict(spec.env_config))
-        start = envs[tag].reset(seed=record["seed"])[0]
-        parts["seen" if start in boards[tag] else "unseen"].append(record)
+        env = envs.setdefault(record["tag"], tag_env(cfg, record["tag"]))
+        start = env.reset(seed=record["seed"])[0]
+        parts["seen" if start in boards[record["tag"]] else "unseen"].append(record)
     return parts
+
+
+def success_by_part(parts: dict[str, list[dict]]) -> dict[str, dict]:
+    """{part: {"episodes", "success"}}: the share of each part's episodes that succeeded (None: no episode)."""
+    return {name: {"episodes": len(part), "success": sum(bool(r["success"]) for r in part) / len(part) if part else None}
+            for name, part in parts.items()}
 
 
 def oracle_success(records: list[dict], cfg) -> float | None:
     """The scripted oracle's success on the episodes' start states, one episode each (None: an env without one)."""
     solved = 0.0
     for tag in sorted({record["tag"] for record in records}):
-        spec = cfg.custom_envs[tag]
-        env = make_env(spec.env_type, dict(spec.env_config))
+        env = tag_env(cfg, tag)
         if not has_oracle(env):
             return None
         seeds = [record["seed"] for record in records if record["tag"] == tag]
-        solved += evaluate(env, OracleAgent(), seeds, spec.max_actions_per_traj).success_rate * len(seeds)
+        solved += evaluate(env, OracleAgent(), seeds, cfg.custom_envs[tag].max_actions_per_traj).success_rate * len(seeds)
     return solved / len(records)
 
 
-def figures(records: list[dict], recipe: str, overrides: list[str], boards: dict[str, set[str]]) -> dict:
-    """Success on the boards seen in training (`boards`, from `training_boards`) and on the others."""
-    cfg = load_config(recipe, overrides)
+def figures(records: list[dict], cfg, recipe: str, overrides: list[str], boards: dict[str, set[str]]) -> dict:
+    """Success on the boards seen in training (`boards`, from `training_boards`) and on the others, beside the
+    oracle's (FrozenLake: the slip-free expected success and the best odds)."""
     tags = {record["tag"] for record in records}
     parts = split_by_seen(records, cfg, boards)
     result = {"episodes": len(records), "training_boards": {tag: len(boards[tag]) for tag in sorted(tags)}}
-    lake = all(isinstance(make_env(cfg.custom_envs[tag].env_type, dict(cfg.custom_envs[tag].env_config)).unwrapped,
-                          FrozenLakeEnv) for tag in tags)
-    for name, part in parts.items():
-        result[name] = {"episodes": len(part),
-                        "success": float(np.mean([r["success"] for r in part])) if part else None}
-        if lake and part:  # the oracle's exact odds among them
-            slip_free = map_dependence.analyse(part, recipe, overrides)
+    lake = all(isinstance(tag_env(cfg, tag).unwrapped, FrozenLakeEnv) for tag in tags)
+    for name, stats in success_by_part(parts).items():
+        result[name] = stats
+        if lake and parts[name]:  # the oracle's exact odds among them
+            slip_free = map_dependence.analyse(parts[name], recipe, overrides)
             result[name] |= {key: slip_free[key] for key in ("expected_success", "expected_success_stderr",
                                                              "best_success", "oracle_success")}
-        elif part:
-            result[name]["oracle_success"] = oracle_success(part, cfg)
+        elif parts[name]:
+            result[name]["oracle_success"] = oracle_success(parts[name], cfg)
     return result
 
 
 def report(path: Path, result: dict) -> str:
     def part(name: str) -> str:
-        figures = result[name]
-        if not figures["episodes"]:
+        stats = result[name]
+        if not stats["episodes"]:
             return "none"
-        text = f"{figures['episodes']}, {figures['success']:.1%} solved"
-        if figures.get("oracle_success") is not None and figures.get("expected_success") is None:
-            text += f" (the oracle {figures['oracle_success']:.1%})"
-        if figures.get("expected_success") is not None:
-            text += (f" ({figures['expected_success']:.1%} +- {figures['expected_success_stderr']:.1%} expected without"
-                     f" the slips' luck, the best {figures['best_success']:.1%})")
+        text = f"{stats['episodes']}, {stats['success']:.1%} solved"
+        if stats.get("expected_success") is not None:
+            text += (f" ({stats['expected_success']:.1%} +- {stats['expected_success_stderr']:.1%} expected without"
+                     f" the slips' luck, the best {stats['best_success']:.1%})")
+        elif stats.get("oracle_success") is not None:
+            text += f" (the oracle {stats['oracle_success']:.1%})"
         return text
     return (f"{path}: {result['episodes']} episodes; on boards seen in training {part('seen')}; on boards not seen "
             f"{part('unseen')}")
@@ -128,11 +132,12 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
     args = parser.parse_intermixed_args()
     episodes = {path: map_dependence.read_episodes(path) for path in args.episodes}
-    tags = {record["tag"] for records in episodes.values() for record in records}
-    boards = training_boards(load_config(args.recipe, args.overrides), tags, args.train_seeds)
+    cfg = load_config(args.recipe, args.overrides)
+    boards = training_boards(cfg, {record["tag"] for records in episodes.values() for record in records},
+                             args.train_seeds)
     results = {}
     for path, records in episodes.items():
-        results[str(path)] = figures(records, args.recipe, args.overrides, boards)
+        results[str(path)] = figures(records, cfg, args.recipe, args.overrides, boards)
         print(report(path, results[str(path)]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")

@@ -53,7 +53,8 @@ done
 cd "$(dirname "$0")/.."
 DATA_ARGS=(--env "$ENV_NAME" --train-size 16000 --test-size 64 --per-move --output "$DATA" \
     ${DATA_OPTIONS[@]+"${DATA_OPTIONS[@]}"} ${RECIPE[@]+"${RECIPE[@]}"})
-if [ "$(cat "$DATA/command.txt" 2>/dev/null)" == "$(printf '%q ' "${DATA_ARGS[@]}")" ]; then  # an earlier sitting's
+data_options() { sed 's/--output [^ ]* //'; }  # the data's options, wherever the folder is named from
+if [ "$(data_options 2>/dev/null < "$DATA/command.txt")" == "$(printf '%q ' "${DATA_ARGS[@]}" | data_options)" ]; then
     echo "warm start: reusing the expert data in $DATA"
 elif [ -f "$OUTPUT/sft_state.json" ]; then  # its model was trained on the data these options would replace
     echo "warm start: $OUTPUT holds a model trained on expert data made with other options" \

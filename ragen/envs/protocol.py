@@ -36,7 +36,7 @@ class CreateSession(Message):
     env: str = Field(description="an env type of ragen.envs.ENV_REGISTRY")
     env_config: dict[str, Any] = Field(default_factory=dict, description="fields of the env's config dataclass")
     seed: int = Field(ge=0, description="env.reset(seed=...): the start state")
-    # entropy of the episode's random stream after the reset (the env-state manager's [seed, place in group]);
+    # entropy of the episode's random stream after the reset (the env-state manager's [seed, EPISODE_STREAM, place]);
     # None keeps the stream reset(seed) made
     stream: list[int] | None = None
 

@@ -406,15 +406,15 @@ def resumable_step(cfg: SFTConfig, world_size: int, train_data: str) -> int:
     if "total_steps" not in state:  # written before runs could resume: nothing to continue
         return 0
     step, total = state["step"], cfg.optim.total_training_steps
-    if state.get("train_data", train_data) != train_data:
-        raise ConfigError(f"{folder} holds a run (step {step} of {state['total_steps']}) trained on other data than "
-                          f"{cfg.data.train_file} now holds (made anew since?): {start_over}")
     changes = config_changes(OmegaConf.to_container(OmegaConf.load(folder / "sft_config.yaml")),
                              asdict(cfg))
     fixed = fixed_changes(changes, SFT_FIXED_ON_RESUME)
     if fixed:
         raise ConfigError(f"{folder} holds a run (step {step} of {state['total_steps']}) with other values of "
                           f"settings a resume cannot change:\n{listed_changes(fixed)}\n{start_over}")
+    if "train_data" in state and state["train_data"] != train_data:  # older saves kept no fingerprint
+        raise ConfigError(f"{folder} holds a run (step {step} of {state['total_steps']}) trained on other data than "
+                          f"{cfg.data.train_file} now holds (made anew since?): {start_over}")
     if step >= state["total_steps"]:
         if step == total:
             print(f"[sft] {folder} holds this run, finished at step {step}: nothing to do", flush=True)

@@ -505,10 +505,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         if any(o.split("=", 1)[0].lstrip("+~") == "lora.rank" for o in args.sft):
             parser.error("set a LoRA rank with --lora-rank, not --sft lora.rank=...: the stage merges the adapter "
                          "before scoring it")
-        if (args.output / "model").exists():
-            parser.error(f"{args.output / 'model'} holds the fine-tuning of an earlier stage run, which the trainer "
-                         "would resume instead of training on the new self-play data: choose another --output or "
-                         "remove that folder")
     if args.command == "data":
         write_data(cfg, args.output, args.train_episodes, args.test_episodes, args.seed, args.max_train_turns,
                    args.play_format, args.episodes_per_rollout)

@@ -129,14 +129,14 @@ def test_an_episode_does_not_replay_the_stream_its_start_was_drawn_from(shared):
     (numpy's [seed, 0] is seed alone), the risky arm listed first (draw >= 0.5) could never pay (it pays below
     0.25), and listed second would pay half the time: the order would tell the payout."""
     mix = EnvMixConfig(tags=["Bandit"], n_groups=[1])
-    em = EnvStateManager(EnvGroupsConfig(env_groups=1, group_size=1, env_configs=mix, shared_randomness=shared),
+    em = EnvStateManager(EnvGroupsConfig(env_groups=1, group_size=2, env_configs=mix, shared_randomness=shared),
                          {"Bandit": BANDIT}, seed=3)
-    paid = {True: [], False: []}  # risky listed first -> did it pay
-    for step in range(400):
-        state = em.reset(step)[0]
-        paid[state.obs.startswith("Arms: dragon")].append(em.step(state.env_id, ["dragon"]).reward > 0)
+    paid = {True: [], False: []}  # risky listed first -> did it pay (both places of the group)
+    for step in range(200):
+        for state in em.reset(step):
+            paid[state.obs.startswith("Arms: dragon")].append(em.step(state.env_id, ["dragon"]).reward > 0)
     assert min(len(paid[True]), len(paid[False])) > 150
-    for first in (True, False):  # 0.25 each; 3 standard errors of ~180 pulls is 0.1
+    for first in (True, False):  # 0.25 each; 3 standard errors of ~200 pulls is 0.1
         assert abs(np.mean(paid[first]) - 0.25) < 0.1, (first, np.mean(paid[first]))
 
 

@@ -370,8 +370,10 @@ class PPOTrainer:
             self.set_rollbacks(state["rollbacks"])
         self.watchdog.restore(state["watchdog_streaks"])
         self.empty_steps, self.empty_streak = state["empty_filter_steps"], state["empty_filter_streak"]
-        if self.curriculum is not None and "curriculum" in state:  # absent: saved by a run without one
+        if self.curriculum is not None and "curriculum" in state:
             self.curriculum.load_state_dict(state["curriculum"])
+        elif self.curriculum is not None:  # a forced resume that added a curriculum
+            print(f"{path} was saved without a curriculum: this run's starts at its beginning", flush=True)
         self.tracker.truncate(after_step=state["step"], set_aside_as=set_aside_as)  # else logged twice
         return state["step"]
 
