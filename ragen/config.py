@@ -38,6 +38,10 @@ class EnvMixConfig:
         share, extra = divmod(env_groups, len(self.tags))
         return [share + (i < extra) for i in range(len(self.tags))]
 
+    def group_tags(self, env_groups: int) -> list[str]:
+        """The tag of each of `env_groups` groups, in order."""
+        return [tag for tag, n in zip(self.tags, self.groups_per_tag(env_groups)) for _ in range(n)]
+
 
 @dataclass
 class CurriculumConfig:
@@ -64,6 +68,9 @@ class EnvGroupsConfig:
     # moves meet equal luck, so a group compares moves, not luck, when its samples mostly agree (FrozenLake's slips;
     # the k-th draw is shared, whatever moves came before). Deterministic steps (Sokoban, Countdown): no effect
     shared_randomness: bool = False
+    # validation only: the start seeds themselves, one a group (env_groups must be their number), e.g. boards no run
+    # trained on (scripts/seen_boards.py --pick-unseen); null: trainer.val_seed + group
+    seeds: list[int] | None = None
 
 
 @dataclass
@@ -320,10 +327,21 @@ def _validate_optim(key: str, optim: OptimConfig) -> None:
 
 def _validate_seeds(cfg: RagenConfig) -> None:
     """Training start states are seeds trainer.seed + step * env_groups + group (steps 1..total): they must
-    never be validation states (trainer.val_seed + group)."""
+    never be validation states (trainer.val_seed + group, or the list es_manager.val.seeds)."""
     train, val, trainer = cfg.es_manager.train, cfg.es_manager.val, cfg.trainer
     first, last = trainer.seed + train.env_groups, trainer.seed + (trainer.total_training_steps + 1) * train.env_groups
     _check(trainer.seed >= 0 and trainer.val_seed >= 0, "trainer.seed and trainer.val_seed must be >= 0")
+    _check(train.seeds is None, "es_manager.train.seeds must be null: training draws new start states every step "
+           "from trainer.seed (a list of seeds is for validation: es_manager.val.seeds)")
+    if val.seeds is not None:
+        seeds = list(val.seeds)
+        _check(len(seeds) == val.env_groups, f"es_manager.val.seeds holds {len(seeds)} seeds, one a group: set "
+               f"es_manager.val.env_groups={len(seeds)} (it is {val.env_groups})")
+        _check(all(isinstance(s, int) and s >= 0 for s in seeds), "es_manager.val.seeds must be ints >= 0")
+        _check(len(set(seeds)) == len(seeds), "es_manager.val.seeds repeats a seed: a group plays each start state")
+        inside = sorted(s for s in seeds if first <= s < last)
+        _check(not inside, f"es_manager.val.seeds {inside[:5]} are training start states (seeds {first}..{last - 1})")
+        return
     _check(last <= trainer.val_seed or trainer.val_seed + val.env_groups <= first,
            f"the training start states (seeds {first}..{last - 1}) overlap the validation ones (trainer.val_seed = "
            f"{trainer.val_seed} .. {trainer.val_seed + val.env_groups - 1}): move trainer.val_seed or trainer.seed")

@@ -101,9 +101,7 @@ class EnvStateManager:
         self.states: list[EnvState] = []
         self.curriculum = make_curriculum(config.curriculum)  # None without one
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_STEP_THREADS, thread_name_prefix="env")
-        mix = config.env_configs
-        tags = [tag for tag, n in zip(mix.tags, mix.groups_per_tag(config.env_groups)) for _ in range(n)]
-        for group_id, tag in enumerate(tags):
+        for group_id, tag in enumerate(config.env_configs.group_tags(config.env_groups)):
             for _ in range(config.group_size):
                 self.states.append(EnvState(env_id=len(self.states), group_id=group_id, tag=tag, seed=-1,
                                             env=self._make_env(tag, None),
@@ -114,8 +112,10 @@ class EnvStateManager:
         return {state.tag: state.env for state in reversed(self.states)}
 
     def reset(self, step: int) -> list[EnvState]:
-        """Fresh start states for training step `step`; seeds never repeat across steps."""
-        group_seeds = [self.seed + step * self.config.env_groups + group for group in range(self.config.env_groups)]
+        """Fresh start states for training step `step`; seeds never repeat across steps. A list of seeds
+        (`config.seeds`, validation) gives the same start states every time."""
+        group_seeds = list(self.config.seeds) if self.config.seeds is not None else \
+            [self.seed + step * self.config.env_groups + group for group in range(self.config.env_groups)]
         levels = self.curriculum.levels(step, group_seeds) if self.curriculum is not None else None
         for state in self.states:
             state.seed = group_seeds[state.group_id]

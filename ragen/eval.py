@@ -39,7 +39,8 @@ def evaluate(cfg: RagenConfig, output_dir: Path) -> dict[str, float]:
     (output_dir / "metrics.json").write_text(to_json(rollout.metrics, indent=2), encoding="utf-8")
     val, sampling = cfg.es_manager.val, cfg.actor_rollout_ref.rollout.val_kwargs
     print(f"model {cfg.actor_rollout_ref.model.path}; {val.env_groups} start states x {val.group_size} "
-          f"(es_manager.val), seeds from trainer.val_seed={cfg.trainer.val_seed}; "
+          + (f"(es_manager.val), the {len(val.seeds)} seeds of es_manager.val.seeds; " if val.seeds is not None else
+             f"(es_manager.val), seeds from trainer.val_seed={cfg.trainer.val_seed}; ")
           + ("greedy" if sampling.temperature == 0 else f"sampling at temperature {sampling.temperature}"))
     print(format_table(rollout.metrics))
     print(f"trajectories and metrics in {output_dir}")

@@ -35,7 +35,9 @@ also tests, once each run has finished, the model it started from and its last c
 `--test-groups` start states per tag from T on, which nothing was validated on: the independent re-run of a
 result (`runs/seed_<S>/test/{before,after}/`: metrics.json, trajectories.jsonl; a "test" table in results.md).
 Small boards repeat across seeds, so with a warm start the test's success is also split by whether each board
-was among the warm start's training boards (`unseen_boards` in results.json, scripts/seen_boards.py).
+was among the warm start's training boards (`unseen_boards` in results.json, scripts/seen_boards.py);
+`--test-new-boards` tests instead on boards that no run trained or was validated on, each once (the first such seeds
+from T on: `start_seeds` in results.json), beside the reference agents on those same boards.
 """
 
 import argparse
@@ -131,7 +133,8 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
         print(f"[reproduce] seed {seed}: reusing the finished run in {run_dir}", flush=True)
         record = json.loads(done.read_text(encoding="utf-8"))
-        if record.get("test") and "unseen_boards" not in record["test"]:  # recorded before the split existed
+        test = record.get("test")
+        if test and not test.get("new_boards") and "unseen_boards" not in test:  # recorded before the split existed
             add_unseen_boards(record["test"], recipe, run_dir, overrides)
         if getattr(args, "keep_model", False) and "model" not in record:
             print(f"[reproduce] seed {seed}: --keep-model keeps nothing: the run finished without it and its "
@@ -206,26 +209,58 @@ def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
     """{"test_seed", "test_groups", "before"|"after": {tag: greedy success}}: the model the run started from (its
     `model_path` override, or the recipe's) and the run's last checkpoint, each evaluated by `ragen.eval` with the
     run's overrides on `args.test_groups` start states per tag from `args.test_seed` (in
-    `run_dir/test/<seed>x<groups>/`). An evaluation already written there (an interrupted test) is read back."""
+    `run_dir/test/<seed>x<groups>/`). An evaluation already written there (an interrupted test) is read back.
+    With `args.test_new_boards`, the start states are the boards no run trained or was validated on
+    (`new_board_seeds`; "new_boards" and "start_seeds" in the record, in `<seed>x<groups>_new/`)."""
     n_tags = len(validation_tags(recipe, overrides))
     last = latest_checkpoint(run_dir)
     if last is None:
         sys.exit(f"[reproduce] no checkpoint in {run_dir} to test")
     kept = [o for o in overrides if not o.startswith(("es_manager.val.env_groups=", "model_path="))]
-    models = {"before": [o for o in overrides if o.startswith("model_path=")], "after": [f"model_path={last}"]}
+    start = [o for o in overrides if o.startswith("model_path=")]
+    models = {"before": start, "after": [f"model_path={last}"]}
     test = {"test_seed": args.test_seed, "test_groups": args.test_groups}
+    states, folder = [f"trainer.val_seed={args.test_seed}"], f"{args.test_seed}x{args.test_groups}"
+    if getattr(args, "test_new_boards", False):
+        seeds = new_board_seeds(recipe, kept, Path(start[0].split("=", 1)[1]) if start else None, args)
+        test |= {"new_boards": True, "start_seeds": seeds}
+        states, folder = [f"es_manager.val.seeds=[{','.join(map(str, seeds))}]"], folder + "_new"
     for name, model in models.items():
-        out = run_dir / "test" / f"{args.test_seed}x{args.test_groups}" / name
-        metrics = evaluate(recipe, [*kept, *model, f"trainer.val_seed={args.test_seed}",
-                                    f"es_manager.val.env_groups={args.test_groups * n_tags}"],
+        out = run_dir / "test" / folder / name
+        metrics = evaluate(recipe, [*kept, *model, *states, f"es_manager.val.env_groups={args.test_groups * n_tags}"],
                            out, out.parent / f"{name}.log")
         test[name] = {key.split("/")[1]: value for key, value in metrics.items()
                       if key.startswith("val-env/") and key.endswith("/success")}
-    add_unseen_boards(test, recipe, run_dir, overrides)
-    print(f"[reproduce] test on {args.test_groups} start states per tag from {args.test_seed}: "
+    if not test.get("new_boards"):
+        add_unseen_boards(test, recipe, run_dir, overrides)
+    print(f"[reproduce] test on {args.test_groups} start states per tag from {args.test_seed}"
+          f"{' (boards no run saw)' if test.get('new_boards') else ''}: "
           + ", ".join(f"{tag} {test['before'][tag]:.3f} -> {test['after'][tag]:.3f}" for tag in test["after"]),
           flush=True)
     return test
+
+
+def new_board_seeds(recipe: str, overrides: list[str], model_dir: Path | None, args) -> list[int]:
+    """The test's start seeds when it is on new boards: from `args.test_seed` on, `args.test_groups` a validation
+    tag, each a board that is in none of these, nor an earlier pick (scripts/seen_boards.py's pick_unseen): the
+    expert data of the model the runs start from (`<model_dir>/data/train.parquet`, as sft/warm_start.sh keeps
+    it), the RL start states of every seed in `args.seeds` (the same for all of them where their warm starts
+    share their data, as sft/warm_start.sh's do), and the validation states. A curriculum's other levels at
+    those seeds are not counted."""
+    cfg = load_config(recipe, overrides)
+    groups, steps = cfg.es_manager.train.env_groups, cfg.trainer.total_training_steps
+    train_seeds = [range(seed + groups, seed + (steps + 1) * groups) for seed in getattr(args, "seeds", [cfg.trainer.seed])]
+    val_groups = getattr(args, "val_groups", cfg.es_manager.val.env_groups) * len(cfg.es_manager.val.env_configs.tags)
+    train_seeds.append(range(args.val_seed, args.val_seed + val_groups))
+    data = model_dir / "data" / "train.parquet" if model_dir is not None else None
+    if data is not None and data.is_file():
+        train_seeds.append(sorted(set(pq.read_table(data, columns=["seed"]).column("seed").to_pylist())))
+    tags = set(cfg.es_manager.val.env_configs.tags)
+    boards = seen_boards.training_boards(cfg, tags, train_seeds)
+    try:
+        return seen_boards.pick_unseen(cfg, boards, args.test_seed, args.test_groups * len(tags))
+    except ValueError as error:
+        sys.exit(f"[reproduce] --test-new-boards: {error}")
 
 
 def add_unseen_boards(test: dict, recipe: str, run_dir: Path, overrides: list[str]) -> None:
@@ -369,13 +404,20 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
             "signals": {seed: signal_means(run["rows"]) for seed, run in runs.items()}}
     if test_baselines is None:
         return summary
+    new_boards = getattr(args, "test_new_boards", False)
     tested = {seed: run["test"] for seed, run in runs.items() if run.get("test") and
-              (run["test"]["test_seed"], run["test"]["test_groups"]) == (args.test_seed, args.test_groups)}
+              (run["test"]["test_seed"], run["test"]["test_groups"], run["test"].get("new_boards", False))
+              == (args.test_seed, args.test_groups, new_boards)}
+    if new_boards:  # one set of boards: the first tested run's (runs whose warm starts had other data picked others)
+        first = next(iter(tested.values()), {}).get("start_seeds")
+        tested = {seed: test for seed, test in tested.items() if test["start_seeds"] == first}
     success = {tag: success_row([t["before"][tag] for t in tested.values()], [t["after"][tag] for t in tested.values()])
                for tag in tags} if tested else {}
     summary["test"] = {"test_seed": args.test_seed, "test_groups": args.test_groups, "seeds": list(tested),
                        "untested": [seed for seed in runs if seed not in tested], "baselines": test_baselines,
                        "success": success}
+    if new_boards:
+        summary["test"] |= {"new_boards": True, "start_seeds": first}
     split = {seed: t["unseen_boards"] for seed, t in tested.items() if t.get("unseen_boards")}
     if split:
         summary["test"]["unseen_boards"] = split
@@ -421,8 +463,10 @@ def markdown(summary: dict) -> str:
 
 def test_markdown(test: dict) -> list[str]:
     """The table of the final test (`--test-seed`), after the validation's."""
-    lines = ["", f"## Test: the model each run started from and its last checkpoint, greedy, on "
-                 f"{test['test_groups']} start states per tag from seed {test['test_seed']} (never validated on)", ""]
+    states = (f"{test['test_groups']} start states per tag from seed {test['test_seed']} on whose boards no run "
+              "trained or was validated on, each board once" if test.get("new_boards") else
+              f"{test['test_groups']} start states per tag from seed {test['test_seed']} (never validated on)")
+    lines = ["", f"## Test: the model each run started from and its last checkpoint, greedy, on {states}", ""]
     if test["untested"]:
         lines += [f"Not tested on these states (finished before `--test-seed` was given or tested on others, "
                   f"or not finished): seeds {test['untested']}.", ""]
@@ -548,6 +592,9 @@ def main() -> None:
                         help="after each run, test its start model and last checkpoint on start states from this seed "
                         "(pick one that no run, validation or choice has used)")
     parser.add_argument("--test-groups", type=int, default=64, help="test start states per validation tag")
+    parser.add_argument("--test-new-boards", action="store_true",
+                        help="test on boards that none of the runs trained or was validated on, each board once: "
+                        "the first such seeds from --test-seed on (small boards repeat across seeds)")
     parser.add_argument("--keep-model", action="store_true",
                         help="keep each finished run's trained policy in <out>/runs/seed_<N>_model (~0.5 GB for the "
                         "bundled model) to evaluate later on other start states; otherwise only the records stay")
@@ -580,8 +627,12 @@ def main() -> None:
         print(f"[reproduce] seed {seed}: {wall / 60:.1f} min, validation success {', '.join(changes)}", flush=True)
     test_baselines = None
     if args.test_seed is not None:
-        test_baselines = validation_baselines(args.recipe, [*args.overrides, f"trainer.val_seed={args.test_seed}",
-                                                            f"es_manager.val.env_groups={args.test_groups * n_tags}"])
+        states = [f"trainer.val_seed={args.test_seed}", f"es_manager.val.env_groups={args.test_groups * n_tags}"]
+        if args.test_new_boards:  # the boards of the first run tested on new ones (summarise keeps those runs)
+            picked = [run["test"]["start_seeds"] for run in runs.values() if run["test"] and run["test"].get("new_boards")
+                      and (run["test"]["test_seed"], run["test"]["test_groups"]) == (args.test_seed, args.test_groups)]
+            states.append(f"es_manager.val.seeds=[{','.join(map(str, picked[0]))}]" if picked else "")
+        test_baselines = validation_baselines(args.recipe, [*args.overrides, *states]) if all(states) else {}
     summary = summarise(runs, args.recipe, args,
                         validation_baselines(args.recipe, [f"trainer.val_seed={args.val_seed}", *overrides]),
                         test_baselines)

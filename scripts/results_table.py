@@ -61,7 +61,8 @@ def reported(result: dict) -> tuple[dict, dict, list[int], str]:
     test = result.get("test")
     if test:
         return (test["success"], test["baselines"], test["seeds"],
-                f"{test['test_groups']} test states from seed {test['test_seed']} (kept aside)")
+                f"{test['test_groups']} test states from seed {test['test_seed']} (kept aside"
+                + (", boards no run saw)" if test.get("new_boards") else ")"))
     return result["val_success"], result["baselines"], result["seeds"], \
         f"{result['val_groups']} states from seed {result['val_seed']}"
 
@@ -129,7 +130,8 @@ def results_line(entry: dict, published: Path) -> tuple[str, list[float], str]:
     seed, groups = ((result["test"]["test_seed"], result["test"]["test_groups"]) if test
                     else (result["val_seed"], result["val_groups"]))
     row = (result["test"]["success"] if test else result["val_success"])[entry["tag"]]
-    return (f"{groups} from {seed:,}", row[entry["model"]],
+    new = " on boards no run saw" if test and result["test"].get("new_boards") else ""
+    return (f"{groups} from {seed:,}{new}", row[entry["model"]],
             f"`public/{entry['results']}/`, {entry['model']}; {result['machine']}")
 
 

@@ -16,6 +16,10 @@ The training seeds are those of the training data: the warm start's expert episo
 `--seed` onwards, 0 .. `--train-size` by default) and RL's start states (`trainer.seed + step × env_groups +
 group`, inside the first range for the recipes here). Give one `--train-seeds START:END` per range.
 Files may be gzipped (`.gz`); `--json PATH` also writes the figures.
+
+`--pick-unseen SEED --groups N` instead prints the overrides of a test on N boards that none of the training seeds
+saw, each board once (`es_manager.val.seeds=[...] es_manager.val.env_groups=N`, for `python -m ragen.eval`);
+`scripts/reproduce.py --test-new-boards` tests on such boards.
 """
 
 import argparse
@@ -58,6 +62,29 @@ def training_boards(cfg, tags: set[str], train_seeds) -> dict[str, set[str]]:
         env = tag_env(cfg, tag)
         boards[tag] = {env.reset(seed=seed)[0] for seeds in train_seeds for seed in seeds}
     return boards
+
+
+def pick_unseen(cfg, boards: dict[str, set[str]], start: int, groups: int, tries: int = 1000) -> list[int]:
+    """Start seeds for a test on boards no run saw: for each of `groups` validation groups (tags as
+    es_manager.val splits them), the next seed from `start` on whose start board is neither among its tag's
+    `boards` (from `training_boards`) nor an earlier pick's, so that every board is new and played once. For
+    `es_manager.val.seeds`. The boards left are the rarer ones: compare with the oracle's success on them."""
+    tags = cfg.es_manager.val.env_configs.group_tags(groups)
+    envs = {tag: tag_env(cfg, tag) for tag in tags}
+    taken = {tag: set(boards.get(tag, ())) for tag in tags}
+    seeds, seed = [], start
+    for tag in tags:
+        for seed in range(seed, seed + tries):
+            board = envs[tag].reset(seed=seed)[0]
+            if board not in taken[tag]:
+                taken[tag].add(board)
+                seeds.append(seed)
+                break
+        else:
+            raise ValueError(f"{tries} seeds in a row from {seed - tries + 1} hold no {tag} board that is new: the "
+                             f"tag has too few distinct boards for {groups} groups")
+        seed += 1
+    return seeds
 
 
 def split_by_seen(records: list[dict], cfg, boards: dict[str, set[str]]) -> dict[str, list[dict]]:
@@ -124,13 +151,25 @@ def report(path: Path, result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("episodes", type=Path, nargs="+", help="JSONL files of episodes (ragen.eval, rollouts/val)")
+    parser.add_argument("episodes", type=Path, nargs="*", help="JSONL files of episodes (ragen.eval, rollouts/val)")
     parser.add_argument("--recipe", required=True, help="the recipe the episodes were played with")
     parser.add_argument("--train-seeds", type=seed_range, action="append", required=True, metavar="START:END",
                         help="a range of training seeds (repeat for several)")
     parser.add_argument("--json", type=Path, help="also write the figures here, one entry per file")
+    parser.add_argument("--pick-unseen", type=int, metavar="SEED",
+                        help="instead of splitting episodes, print the overrides of a test on boards none of the "
+                        "training seeds saw, each once: es_manager.val.seeds from SEED on (--groups of them)")
+    parser.add_argument("--groups", type=int, default=64, help="with --pick-unseen: validation groups, all tags")
     parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
     args = parser.parse_intermixed_args()
+    if (args.pick_unseen is None) == (not args.episodes):
+        parser.error("give episode files, or --pick-unseen SEED")
+    if args.pick_unseen is not None:
+        cfg = load_config(args.recipe, args.overrides)
+        boards = training_boards(cfg, set(cfg.es_manager.val.env_configs.tags), args.train_seeds)
+        seeds = pick_unseen(cfg, boards, args.pick_unseen, args.groups)
+        print(f"es_manager.val.seeds=[{','.join(map(str, seeds))}] es_manager.val.env_groups={len(seeds)}")
+        return
     episodes = {path: map_dependence.read_episodes(path) for path in args.episodes}
     cfg = load_config(args.recipe, args.overrides)
     boards = training_boards(cfg, {record["tag"] for records in episodes.values() for record in records},

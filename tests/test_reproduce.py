@@ -298,3 +298,64 @@ def test_the_test_is_split_by_the_warm_start_training_boards(tmp_path):
             "baselines": {"CoordFrozenLake": {"random": 0.0, "constant": None, "oracle": 0.4}}}
     text = "\n".join(reproduce.test_markdown(test))
     assert "not seen: boards, success" in text and f"| 1 | 300 | {seen}, " in text
+
+
+def test_a_test_on_new_boards_plays_boards_no_run_trained_or_validated_on(tmp_path, monkeypatch):
+    """`--test-new-boards`: the test's seeds skip every board of the warm start's data, of the runs' RL start
+    states and of the validation, and every board already picked; the table says which boards it played."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragen.envs import make_env
+    from ragen.overrides import load_config
+
+    warm = tmp_path / "warm_seed_1"
+    (warm / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"seed": list(range(300))}), warm / "data" / "train.parquet")
+    run_dir = tmp_path / "runs" / "seed_1"
+    trainer = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_4'\n"
+               "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()")
+    monkeypatch.setattr(reproduce, "run_command",
+                        lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", trainer, str(run_dir)])
+    evaluations, real_run_stage = [], reproduce.run_stage
+
+    def fake_eval(command, log):
+        if "ragen.eval" not in command:
+            return real_run_stage(command, log)
+        evaluations.append(command)
+        out = Path(next(c for c in command if c.startswith("hydra.run.dir=")).split("=", 1)[1])
+        (out / "metrics.json").write_text(json.dumps({"val-env/CoordFrozenLake/success": 0.5}))
+        return 0
+
+    monkeypatch.setattr(reproduce, "run_stage", fake_eval)
+    args = argparse.Namespace(val_seed=7_000_000, val_groups=16, save_freq=1, test_seed=9_000_000, test_groups=24,
+                              test_new_boards=True, seeds=[1, 2])
+    overrides = ["es_manager.val.env_groups=16", f"model_path={warm}", "trainer.total_training_steps=4"]
+    test = reproduce.train("frozen_lake", 1, run_dir, args, overrides)["test"]
+
+    seeds = test["start_seeds"]
+    assert test["new_boards"] and len(seeds) == 24 and "unseen_boards" not in test
+    for command in evaluations:
+        assert f"es_manager.val.seeds=[{','.join(map(str, seeds))}]" in command
+        assert "es_manager.val.env_groups=24" in command and "trainer.val_seed=9000000" not in command
+        assert f"hydra.run.dir={run_dir / 'test' / '9000000x24_new'}" in " ".join(command)
+    cfg = load_config("frozen_lake", [])
+    spec = cfg.custom_envs["CoordFrozenLake"]
+    env = make_env(spec.env_type, dict(spec.env_config))
+    board = lambda seed: env.reset(seed=seed)[0]  # noqa: E731
+    groups = cfg.es_manager.train.env_groups
+    used = [*range(300), *range(7_000_000, 7_000_016), *(s for run in (1, 2) for s in range(run + groups, run + 5 * groups))]
+    assert not {board(seed) for seed in used} & {board(seed) for seed in seeds}
+    assert len({board(seed) for seed in seeds}) == 24 and min(seeds) >= 9_000_000
+
+    runs = {1: {"train": {}, "wall_time_s": 60.0, "rows": fake_rows(1.0, 0.2), "code": ["abc1234"], "test": test,
+                "val": {"CoordFrozenLake": {0: 0.5, 10: 0.5}}}}
+    base = {"CoordFrozenLake": {"random": 0.0, "constant": None, "oracle": 0.5}}
+    summary = reproduce.summarise(runs, "frozen_lake", argparse.Namespace(
+        val_seed=7_000_000, val_groups=16, overrides=[], test_seed=9_000_000, test_groups=24, test_new_boards=True),
+        base, base)
+    assert summary["test"]["seeds"] == [1] and summary["test"]["start_seeds"] == seeds
+    assert "whose boards no run trained or was validated on" in reproduce.markdown(summary)
+    other = reproduce.summarise(runs, "frozen_lake", argparse.Namespace(  # a test on any boards is another test
+        val_seed=7_000_000, val_groups=16, overrides=[], test_seed=9_000_000, test_groups=24), base, base)
+    assert other["test"]["untested"] == [1]

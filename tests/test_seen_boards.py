@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ragen.envs import make_env
 from ragen.envs.baselines import ConstantAgent
 from ragen.overrides import load_config
@@ -54,3 +56,31 @@ def test_held_out_seeds_are_split_by_their_maps(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "seen_boards.py"), str(path), "--recipe",
                           "frozen_lake", "--train-seeds", "300"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode != 0 and "is not START:END" in bad.stderr
+
+
+def test_picked_test_seeds_hold_new_boards_each_once():
+    env_spec = load_config("frozen_lake", []).custom_envs[TAG]
+    env = make_env(env_spec.env_type, dict(env_spec.env_config))
+
+    def lake(seed):
+        env.reset(seed=seed)
+        return env.unwrapped.desc.tobytes()
+
+    cfg = load_config("frozen_lake", [])
+    train = range(0, 300)
+    seeds = seen_boards.pick_unseen(cfg, seen_boards.training_boards(cfg, {TAG}, [train]), 5_000_000, 40)
+    known = {lake(seed) for seed in train}
+    maps = [lake(seed) for seed in seeds]
+    assert len(seeds) == 40 and seeds == sorted(seeds) and seeds[0] >= 5_000_000
+    assert not known & set(maps) and len(set(maps)) == 40  # none trained on, none twice
+    skipped = set(range(5_000_000, seeds[-1])) - set(seeds)
+    assert skipped and all(lake(seed) in known or lake(seed) in maps for seed in skipped)  # the first such seeds
+
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "seen_boards.py"), "--recipe", "frozen_lake",
+                           "--train-seeds", "0:300", "--pick-unseen", "5000000", "--groups", "40"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [f"es_manager.val.seeds=[{','.join(map(str, seeds))}]", "es_manager.val.env_groups=40"]
+    bandit = load_config("bandit", [])  # two start boards: too few for 8 new ones
+    with pytest.raises(ValueError, match="too few distinct boards"):
+        seen_boards.pick_unseen(bandit, {}, 0, 8, tries=50)

@@ -70,6 +70,21 @@ def test_validation_start_states_never_overlap_training_ones():
         validate(load("bandit", "trainer.seed=999990"), world_size=1)
 
 
+def test_a_list_of_validation_seeds_is_checked():
+    cfg = load("sokoban")
+    first = cfg.trainer.seed + cfg.es_manager.train.env_groups
+    validate(load("sokoban", "es_manager.val.seeds=[7000000,3]", "es_manager.val.env_groups=2"), world_size=1)
+    with pytest.raises(ConfigError, match="es_manager.val.env_groups=2"):  # one seed a group
+        validate(load("sokoban", "es_manager.val.seeds=[7000000,3]"), world_size=1)
+    with pytest.raises(ConfigError, match="repeats"):
+        validate(load("sokoban", "es_manager.val.seeds=[5,5]", "es_manager.val.env_groups=2"), world_size=1)
+    with pytest.raises(ConfigError, match="training start states"):  # step 1's first group
+        validate(load("sokoban", f"es_manager.val.seeds=[7000000,{first}]", "es_manager.val.env_groups=2"),
+                 world_size=1)
+    with pytest.raises(ConfigError, match="es_manager.train.seeds"):
+        validate(load("sokoban", "es_manager.train.seeds=[1]"), world_size=1)
+
+
 def test_recipes_change_what_they_say():
     starpo = load("base", "algo=starpo")
     assert starpo.actor_rollout_ref.actor.use_kl_loss and starpo.actor_rollout_ref.actor.kl_loss_coef == 0.001

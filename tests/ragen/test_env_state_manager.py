@@ -27,6 +27,16 @@ def test_groups_share_a_seed_and_start_state_and_steps_use_new_seeds():
     assert seeds_step1.isdisjoint({s.seed for s in em.reset(step=2)})
 
 
+def test_a_list_of_seeds_gives_each_group_its_seed_at_every_reset():
+    mix = EnvMixConfig(tags=["Sokoban", "Bandit"], n_groups=[2, 1])
+    em = EnvStateManager(EnvGroupsConfig(env_groups=3, group_size=2, env_configs=mix, seeds=[907, 13, 500]),
+                         {"Sokoban": SOKOBAN, "Bandit": BANDIT}, seed=100)
+    for step in (0, 3):
+        states = em.reset(step=step)
+        assert [s.seed for s in states] == [907, 907, 13, 13, 500, 500]
+    assert states[0].obs == manager().env_per_tag()["Sokoban"].reset(seed=907)[0]
+
+
 def test_step_budget_cuts_actions_and_ends_the_trajectory():
     em = manager()
     em.reset(step=1)
