@@ -31,6 +31,7 @@ import numpy as np
 
 from ragen.envs import make_env
 from ragen.envs.baselines import OracleAgent, evaluate, has_oracle
+from ragen.envs.boards import new_board_seeds, start_boards
 from ragen.envs.frozen_lake import FrozenLakeEnv
 from ragen.overrides import load_config
 
@@ -57,11 +58,8 @@ def tag_env(cfg, tag: str):
 
 def training_boards(cfg, tags: set[str], train_seeds) -> dict[str, set[str]]:
     """Per tag, the start observations of every training seed (`train_seeds`: iterables of seeds)."""
-    boards = {}
-    for tag in sorted(tags):
-        env = tag_env(cfg, tag)
-        boards[tag] = {env.reset(seed=seed)[0] for seeds in train_seeds for seed in seeds}
-    return boards
+    return {tag: start_boards(tag_env(cfg, tag), (seed for seeds in train_seeds for seed in seeds))
+            for tag in sorted(tags)}
 
 
 def pick_unseen(cfg, boards: dict[str, set[str]], start: int, groups: int, tries: int = 1000) -> list[int]:
@@ -70,21 +68,7 @@ def pick_unseen(cfg, boards: dict[str, set[str]], start: int, groups: int, tries
     `boards` (from `training_boards`) nor an earlier pick's, so that every board is new and played once. For
     `es_manager.val.seeds`. The boards left are the rarer ones: compare with the oracle's success on them."""
     tags = cfg.es_manager.val.env_configs.group_tags(groups)
-    envs = {tag: tag_env(cfg, tag) for tag in tags}
-    taken = {tag: set(boards.get(tag, ())) for tag in tags}
-    seeds, seed = [], start
-    for tag in tags:
-        for seed in range(seed, seed + tries):
-            board = envs[tag].reset(seed=seed)[0]
-            if board not in taken[tag]:
-                taken[tag].add(board)
-                seeds.append(seed)
-                break
-        else:
-            raise ValueError(f"{tries} seeds in a row from {seed - tries + 1} hold no {tag} board that is new: the "
-                             f"tag has too few distinct boards for {groups} groups")
-        seed += 1
-    return seeds
+    return new_board_seeds(tags, {tag: tag_env(cfg, tag) for tag in tags}, start, boards, tries)
 
 
 def split_by_seen(records: list[dict], cfg, boards: dict[str, set[str]]) -> dict[str, list[dict]]:

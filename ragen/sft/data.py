@@ -48,7 +48,9 @@ from ragen.context_manager import reply_text
 from ragen.overrides import load_config
 from ragen.create_data import write_parquet
 from ragen.env_state_manager import EnvState, EnvStateManager
+from ragen.envs import make_env
 from ragen.envs.baselines import ORACLE_PLANS
+from ragen.envs.boards import new_board_seeds
 from ragen.envs.utils import png_bytes
 from ragen.train import make_agent
 from verl.protocol import DataProto
@@ -127,7 +129,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
-def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: bool = False,
+def expert_episodes(cfg: RagenConfig, seeds: Sequence[int], split: str, describe_state: bool = False,
                     per_move: bool = False, noise: float = 0.0, learner: str | None = None) -> pa.Table:
     """One row per seed: the oracle's episode from that start state, as the RL loop records it; with
     `per_move`, one row per move instead (its prompt as the model saw it, the reply, the loss on the reply), the
@@ -169,14 +171,14 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
                            ("turns", json.dumps(turns)), ("images", [png_bytes(p) for p in pictures])):
             columns[key].append(value)
 
-    for start in range(seeds.start, seeds.stop, EPISODES_PER_ROLLOUT):
-        batch_size = min(EPISODES_PER_ROLLOUT, seeds.stop - start)
-        # seeds start, start+1, ...: the env-state manager's seed for group g at step 0 is seed + g
-        cfg.es_manager.train = EnvGroupsConfig(env_groups=batch_size, group_size=1,
+    seeds = list(seeds)
+    for first in range(0, len(seeds), EPISODES_PER_ROLLOUT):
+        batch = seeds[first:first + EPISODES_PER_ROLLOUT]  # a group each, tags split as batch_tags says
+        cfg.es_manager.train = EnvGroupsConfig(env_groups=len(batch), group_size=1, seeds=batch,
                                                env_configs=EnvMixConfig(tags=list(tags), n_groups=[]))
-        cfg.trainer.seed = start
+        cfg.trainer.seed = batch[0]
         agent = make_agent(cfg, "train", None, tokenizer)
-        expert = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=start,
+        expert = ExpertPolicy(agent.env_manager, tokenizer, cfg.agent_proxy, seed=batch[0],
                               describe_state=describe_state, noise=noise, learner=engine,
                               learner_sampling=cfg.actor_rollout_ref.rollout.val_kwargs)
         agent.actor_rollout_wg = expert
@@ -205,6 +207,22 @@ def expert_episodes(cfg: RagenConfig, seeds: range, split: str, describe_state: 
                 "ragen.describe_state": json.dumps(describe_state), "ragen.per_move": json.dumps(per_move),
                 "ragen.noise": json.dumps(noise), "ragen.learner": json.dumps(learner)}
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+
+
+def batch_tags(tags: Sequence[str], episodes: int) -> list[str]:
+    """The tag of each of `episodes` episodes, in order, as expert_episodes plays them (batches of
+    EPISODES_PER_ROLLOUT, each split evenly over the tags)."""
+    mix = EnvMixConfig(tags=list(tags), n_groups=[])
+    return [tag for first in range(0, episodes, EPISODES_PER_ROLLOUT)
+            for tag in mix.group_tags(min(EPISODES_PER_ROLLOUT, episodes - first))]
+
+
+def distinct_board_seeds(cfg: RagenConfig, start: int, sizes: Sequence[int]) -> list[int]:
+    """The first seeds from `start` on whose start boards differ from each other's (per training tag), as many as
+    the splits' `sizes` add up to, in the order expert_episodes plays each split (ragen/envs/boards.py)."""
+    tags = [tag for size in sizes for tag in batch_tags(cfg.es_manager.train.env_configs.tags, size)]
+    envs = {tag: make_env(cfg.custom_envs[tag].env_type, dict(cfg.custom_envs[tag].env_config)) for tag in set(tags)}
+    return new_board_seeds(tags, envs, start)
 
 
 def appended(earlier: pa.Table, new: pa.Table, path: Path) -> pa.Table:
@@ -244,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--learner", help="with --per-move: a model (a warm start's folder) that plays instead of "
                                            "the expert, sampled as in validation; the expert's reply at each state "
                                            "it reaches is a sample (DAgger)")
+    parser.add_argument("--distinct-boards", action="store_true",
+                        help="skip a seed whose start board an earlier seed already gave (small boards repeat: 2,000 "
+                             "Sokoban seeds hold 1,569 levels), so that the train and test episodes are all "
+                             "different boards; the seeds then reach past --seed + --train-size + --test-size")
     parser.add_argument("--append-to", type=Path,
                         help="an earlier train.parquet of the same recipe and tokenizer: the new train.parquet holds "
                              "its rows, then the new ones (DAgger's aggregated data); their seeds must not overlap")
@@ -256,15 +278,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     recipes = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("base", "sft"))
     if args.env not in recipes:
         parser.error(f"unknown recipe {args.env!r}; the recipes in config/ are {recipes}")
-    val_seed = load_config(args.env, args.overrides, announce=True).trainer.val_seed
-    if args.seed < 0 or args.seed + args.train_size + args.test_size > val_seed:
-        parser.error(f"seeds must lie in [0, {val_seed}): the validation start states of training "
-                     "(trainer.val_seed) begin there")
+    cfg = load_config(args.env, args.overrides, announce=True)
+    if args.seed < 0:
+        parser.error("--seed must be >= 0")
+    sizes = (args.train_size, args.test_size)
+    picked = distinct_board_seeds(cfg, args.seed, sizes) if args.distinct_boards else \
+        list(range(args.seed, args.seed + sum(sizes)))
+    if picked[-1] >= cfg.trainer.val_seed:
+        parser.error(f"seeds must lie in [0, {cfg.trainer.val_seed}): the validation start states of training "
+                     f"(trainer.val_seed) begin there (these reach {picked[-1]})")
     output = args.output or Path("data/sft") / args.env
 
-    test_start = args.seed + args.train_size
-    for split, seeds in (("train", range(args.seed, test_start)),
-                         ("test", range(test_start, test_start + args.test_size))):
+    for split, seeds in (("train", picked[:args.train_size]), ("test", picked[args.train_size:])):
         if not seeds:
             continue
         start = time.perf_counter()

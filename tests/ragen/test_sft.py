@@ -232,6 +232,21 @@ def test_cli_writes_disjoint_train_and_test_seeds(tmp_path, bundled_model_path, 
     assert "unknown recipe 'sokobn'" in capsys.readouterr().err
 
 
+def test_distinct_boards_skips_the_seeds_of_boards_already_in_the_data(tmp_path, bundled_model_path):
+    """--distinct-boards: train and test episodes are all different boards, the first such seeds from --seed on."""
+    generate_main(["--env", "frozen_lake", "--train-size", "70", "--test-size", "6", "--distinct-boards",
+                   "--output", str(tmp_path)])
+    train, test = (pq.read_table(tmp_path / f"{split}.parquet").column("seed").to_pylist() for split in ("train", "test"))
+    seeds = sorted(set(train)) + sorted(set(test))
+    cfg = load_config("frozen_lake")
+    spec = cfg.custom_envs[cfg.es_manager.train.env_configs.tags[0]]
+    env = make_env(spec.env_type, dict(spec.env_config))
+    boards = [env.reset(seed=seed)[0] for seed in seeds]
+    assert len(set(train)) == 70 and len(set(test)) == 6 and len(set(boards)) == 76 and seeds == sorted(seeds)
+    skipped = set(range(seeds[-1])) - set(seeds)
+    assert skipped and all(env.reset(seed=seed)[0] in boards for seed in skipped)  # 4x4 maps repeat within 76 seeds
+
+
 def test_warm_start_sends_options_to_the_data_and_keys_to_the_trainer(tmp_path, tiny_model_path):
     """sft/warm_start.sh: --option=value, --flag and the recipe's env/agent keys to ragen.sft.data, other key=value
     to the trainer, the data kept in the output and reused by a call with the same data options; others are
