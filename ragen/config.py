@@ -68,8 +68,8 @@ class EnvGroupsConfig:
     # moves meet equal luck, so a group compares moves, not luck, when its samples mostly agree (FrozenLake's slips;
     # the k-th draw is shared, whatever moves came before). Deterministic steps (Sokoban, Countdown): no effect
     shared_randomness: bool = False
-    # validation only: the start seeds themselves, one a group (env_groups must be their number), e.g. boards no run
-    # trained on (scripts/seen_boards.py --pick-unseen); null: trainer.val_seed + group
+    # validation: the start seeds themselves, one a group (env_groups their number), e.g. boards no run trained on
+    # (scripts/seen_boards.py --pick-unseen); null: trainer.val_seed + group. Training: null (trainer.seed's)
     seeds: list[int] | None = None
 
 

@@ -96,6 +96,8 @@ class EnvStateManager:
         """`limits`: the run's `es_manager`, whose `env_step_timeout_s` and `max_env_failure_share` apply
         (None: their defaults)."""
         limits = limits or EsManagerConfig()
+        if config.seeds is not None and len(config.seeds) != config.env_groups:
+            raise ValueError(f"{len(config.seeds)} seeds for {config.env_groups} env groups: give one seed a group")
         self.config, self.seed, self.custom_envs = config, seed, custom_envs
         self.env_step_timeout_s, self.max_env_failure_share = limits.env_step_timeout_s, limits.max_env_failure_share
         self.states: list[EnvState] = []

@@ -225,6 +225,12 @@ def final_test(recipe: str, run_dir: Path, args, overrides: list[str]) -> dict:
         seeds = new_board_seeds(recipe, kept, Path(start[0].split("=", 1)[1]) if start else None, args)
         test |= {"new_boards": True, "start_seeds": seeds}
         states, folder = [f"es_manager.val.seeds=[{','.join(map(str, seeds))}]"], folder + "_new"
+        picked = run_dir / "test" / folder / "start_seeds.json"
+        if picked.is_file() and json.loads(picked.read_text(encoding="utf-8")) != seeds:  # an earlier sitting's boards
+            print(f"[reproduce] the boards picked for {picked.parent} changed: testing anew", flush=True)
+            shutil.rmtree(picked.parent)
+        picked.parent.mkdir(parents=True, exist_ok=True)
+        picked.write_text(json.dumps(seeds), encoding="utf-8")
     for name, model in models.items():
         out = run_dir / "test" / folder / name
         metrics = evaluate(recipe, [*kept, *model, *states, f"es_manager.val.env_groups={args.test_groups * n_tags}"],
@@ -246,15 +252,19 @@ def new_board_seeds(recipe: str, overrides: list[str], model_dir: Path | None, a
     expert data of the model the runs start from (`<model_dir>/data/train.parquet`, as sft/warm_start.sh keeps
     it), the RL start states of every seed in `args.seeds` (the same for all of them where their warm starts
     share their data, as sft/warm_start.sh's do), and the validation states. A curriculum's other levels at
-    those seeds are not counted."""
+    those seeds, and the start states a watchdog rollback moved RL to, are not counted."""
     cfg = load_config(recipe, overrides)
     groups, steps = cfg.es_manager.train.env_groups, cfg.trainer.total_training_steps
     train_seeds = [range(seed + groups, seed + (steps + 1) * groups) for seed in getattr(args, "seeds", [cfg.trainer.seed])]
     val_groups = getattr(args, "val_groups", cfg.es_manager.val.env_groups) * len(cfg.es_manager.val.env_configs.tags)
     train_seeds.append(range(args.val_seed, args.val_seed + val_groups))
-    data = model_dir / "data" / "train.parquet" if model_dir is not None else None
-    if data is not None and data.is_file():
-        train_seeds.append(sorted(set(pq.read_table(data, columns=["seed"]).column("seed").to_pylist())))
+    if model_dir is not None:
+        data = model_dir / "data" / "train.parquet"
+        if data.is_file():
+            train_seeds.append(sorted(set(pq.read_table(data, columns=["seed"]).column("seed").to_pylist())))
+        else:
+            print(f"[reproduce] warning: {model_dir} holds no data/train.parquet, so the boards the model was trained "
+                  "on before these runs are not left out of the test", flush=True)
     tags = set(cfg.es_manager.val.env_configs.tags)
     boards = seen_boards.training_boards(cfg, tags, train_seeds)
     try:
@@ -601,6 +611,11 @@ def main() -> None:
     parser.add_argument("--machine", help="the machine the runs were made on, for the table (default: this one)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_intermixed_args()  # key=value overrides may follow the options
+    if args.test_new_boards and args.test_seed is None:
+        parser.error("--test-new-boards needs --test-seed (the first seed the test's boards are looked for from)")
+    if any(o.startswith("es_manager.val.seeds=") for o in args.overrides):
+        parser.error("es_manager.val.seeds: the validation and test states come from --val-seed and --test-seed "
+                     "(--test-new-boards for boards no run saw)")
     out = (args.out or ROOT / "results" / args.recipe).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     n_tags = len(validation_tags(args.recipe, args.overrides))

@@ -31,7 +31,7 @@ import numpy as np
 
 from ragen.envs import make_env
 from ragen.envs.baselines import OracleAgent, evaluate, has_oracle
-from ragen.envs.boards import new_board_seeds, start_boards
+from ragen.envs.boards import new_board_seeds, start_board, start_boards
 from ragen.envs.frozen_lake import FrozenLakeEnv
 from ragen.overrides import load_config
 
@@ -76,7 +76,7 @@ def split_by_seen(records: list[dict], cfg, boards: dict[str, set[str]]) -> dict
     envs, parts = {}, {"seen": [], "unseen": []}
     for record in records:
         env = envs.setdefault(record["tag"], tag_env(cfg, record["tag"]))
-        start = env.reset(seed=record["seed"])[0]
+        start = start_board(env, record["seed"])
         parts["seen" if start in boards[record["tag"]] else "unseen"].append(record)
     return parts
 
@@ -135,7 +135,9 @@ def report(path: Path, result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("episodes", type=Path, nargs="*", help="JSONL files of episodes (ragen.eval, rollouts/val)")
+    parser.add_argument("items", nargs="*", metavar="EPISODES|key=value",
+                        help="JSONL files of episodes (ragen.eval, rollouts/val), and the Hydra overrides they were "
+                        "played with (key=value)")
     parser.add_argument("--recipe", required=True, help="the recipe the episodes were played with")
     parser.add_argument("--train-seeds", type=seed_range, action="append", required=True, metavar="START:END",
                         help="a range of training seeds (repeat for several)")
@@ -144,8 +146,9 @@ def main() -> None:
                         help="instead of splitting episodes, print the overrides of a test on boards none of the "
                         "training seeds saw, each once: es_manager.val.seeds from SEED on (--groups of them)")
     parser.add_argument("--groups", type=int, default=64, help="with --pick-unseen: validation groups, all tags")
-    parser.add_argument("overrides", nargs="*", help="the Hydra overrides the episodes were played with")
     args = parser.parse_intermixed_args()
+    args.overrides = [item for item in args.items if "=" in item]
+    args.episodes = [Path(item) for item in args.items if "=" not in item]
     if (args.pick_unseen is None) == (not args.episodes):
         parser.error("give episode files, or --pick-unseen SEED")
     if args.pick_unseen is not None:

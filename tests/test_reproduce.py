@@ -311,7 +311,7 @@ def test_a_test_on_new_boards_plays_boards_no_run_trained_or_validated_on(tmp_pa
 
     warm = tmp_path / "warm_seed_1"
     (warm / "data").mkdir(parents=True)
-    pq.write_table(pa.table({"seed": list(range(300))}), warm / "data" / "train.parquet")
+    pq.write_table(pa.table({"seed": list(range(30))}), warm / "data" / "train.parquet")
     run_dir = tmp_path / "runs" / "seed_1"
     trainer = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_4'\n"
                "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()")
@@ -329,7 +329,7 @@ def test_a_test_on_new_boards_plays_boards_no_run_trained_or_validated_on(tmp_pa
 
     monkeypatch.setattr(reproduce, "run_stage", fake_eval)
     args = argparse.Namespace(val_seed=7_000_000, val_groups=16, save_freq=1, test_seed=9_000_000, test_groups=24,
-                              test_new_boards=True, seeds=[1, 2])
+                              test_new_boards=True, seeds=[8_999_996, 200_000])
     overrides = ["es_manager.val.env_groups=16", f"model_path={warm}", "trainer.total_training_steps=4"]
     test = reproduce.train("frozen_lake", 1, run_dir, args, overrides)["test"]
 
@@ -344,9 +344,20 @@ def test_a_test_on_new_boards_plays_boards_no_run_trained_or_validated_on(tmp_pa
     env = make_env(spec.env_type, dict(spec.env_config))
     board = lambda seed: env.reset(seed=seed)[0]  # noqa: E731
     groups = cfg.es_manager.train.env_groups
-    used = [*range(300), *range(7_000_000, 7_000_016), *(s for run in (1, 2) for s in range(run + groups, run + 5 * groups))]
+    rl = [s for run in args.seeds for s in range(run + groups, run + 5 * groups)]  # steps 1..4
+    assert groups == 4 and rl[:16] == list(range(9_000_000, 9_000_016))  # run 1's: where the test looks first
+    used = [*range(30), *range(7_000_000, 7_000_016), *rl]
     assert not {board(seed) for seed in used} & {board(seed) for seed in seeds}
     assert len({board(seed) for seed in seeds}) == 24 and min(seeds) >= 9_000_000
+    data_and_val = reproduce.seen_boards.training_boards(cfg, {"CoordFrozenLake"}, [range(30), range(7_000_000, 7_000_016)])
+    without_rl = reproduce.seen_boards.pick_unseen(cfg, data_and_val, 9_000_000, 24)
+    assert {board(seed) for seed in without_rl} & {board(seed) for seed in rl}  # so the RL start states were left out
+
+    (run_dir / "global_step_4").mkdir()
+    (run_dir / "global_step_4" / "trainer_state.json").touch()
+    assert reproduce.final_test("frozen_lake", run_dir, args, overrides) == test and len(evaluations) == 2  # read back
+    (run_dir / "test" / "9000000x24_new" / "start_seeds.json").write_text(json.dumps(seeds[::-1]))  # other boards
+    assert reproduce.final_test("frozen_lake", run_dir, args, overrides) == test and len(evaluations) == 4  # anew
 
     runs = {1: {"train": {}, "wall_time_s": 60.0, "rows": fake_rows(1.0, 0.2), "code": ["abc1234"], "test": test,
                 "val": {"CoordFrozenLake": {0: 0.5, 10: 0.5}}}}
@@ -359,3 +370,11 @@ def test_a_test_on_new_boards_plays_boards_no_run_trained_or_validated_on(tmp_pa
     other = reproduce.summarise(runs, "frozen_lake", argparse.Namespace(  # a test on any boards is another test
         val_seed=7_000_000, val_groups=16, overrides=[], test_seed=9_000_000, test_groups=24), base, base)
     assert other["test"]["untested"] == [1]
+
+
+def test_new_boards_need_a_test_seed_and_the_states_come_from_the_options(tmp_path):
+    for extra, message in ((["--test-new-boards"], "--test-new-boards needs --test-seed"),
+                           (["--test-seed", "9", "es_manager.val.seeds=[1]"], "come from --val-seed and --test-seed")):
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce.py"), "bandit", "--out", str(tmp_path),
+                               *extra], capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]

@@ -81,6 +81,11 @@ def test_picked_test_seeds_hold_new_boards_each_once():
                           capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [f"es_manager.val.seeds=[{','.join(map(str, seeds))}]", "es_manager.val.env_groups=40"]
+    other = subprocess.run([sys.executable, str(REPO / "scripts" / "seen_boards.py"), "--recipe", "frozen_lake",
+                            "--train-seeds", "0:300", "--pick-unseen", "5000000", "--groups", "40",
+                            "custom_envs.CoordFrozenLake.env_config.size=5"], capture_output=True, text=True, cwd=REPO)
+    assert other.returncode == 0, other.stderr[-2000:]  # an override reaches the config: other maps, other picks
+    assert other.stdout.split()[0] != done.stdout.split()[0]
     bandit = load_config("bandit", [])  # two start boards: too few for 8 new ones
     with pytest.raises(ValueError, match="too few distinct boards"):
         seen_boards.pick_unseen(bandit, {}, 0, 8, tries=50)

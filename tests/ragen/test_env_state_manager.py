@@ -35,6 +35,9 @@ def test_a_list_of_seeds_gives_each_group_its_seed_at_every_reset():
         states = em.reset(step=step)
         assert [s.seed for s in states] == [907, 907, 13, 13, 500, 500]
     assert states[0].obs == manager().env_per_tag()["Sokoban"].reset(seed=907)[0]
+    with pytest.raises(ValueError, match="one seed a group"):
+        EnvStateManager(EnvGroupsConfig(env_groups=3, group_size=2, env_configs=mix, seeds=[907, 13]),
+                        {"Sokoban": SOKOBAN, "Bandit": BANDIT}, seed=100)
 
 
 def test_step_budget_cuts_actions_and_ends_the_trajectory():
