@@ -211,26 +211,33 @@ def test_keep_model_keeps_the_last_policy_without_its_optimizer_state(tmp_path, 
         reproduce.keep_model(lora.parent)
 
 
-def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tmp_path, monkeypatch, capsys):
-    """`--test-seed`: the start model and the last checkpoint, each evaluated once on the test's start states, in
-    the run's own config; an evaluation already written is read back; the table gets a test section."""
-    run_dir = tmp_path / "runs" / "seed_1"
+def fake_trainer_and_eval(monkeypatch, metrics) -> list[list[str]]:
+    """A trainer that writes a step-4 checkpoint, and a ragen.eval that writes `metrics(command)` as its
+    metrics.json in hydra.run.dir; returns the list the evaluations' commands are appended to."""
     trainer = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_4'\n"
                "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()")
     monkeypatch.setattr(reproduce, "run_command",
                         lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", trainer, str(run_dir)])
     evaluations, real_run_stage = [], reproduce.run_stage
 
-    def fake_eval(command, log):  # ragen.eval, writing what it writes: metrics.json in hydra.run.dir
+    def fake_eval(command, log):
         if "ragen.eval" not in command:
             return real_run_stage(command, log)
         evaluations.append(command)
         out = Path(next(c for c in command if c.startswith("hydra.run.dir=")).split("=", 1)[1])
-        success = 0.25 if "model_path=/warm" in command else 0.75
-        (out / "metrics.json").write_text(json.dumps({"val-env/Bandit/success": 1.0, "val-env/BanditTest/success": success}))
+        (out / "metrics.json").write_text(json.dumps(metrics(command)))
         return 0
 
     monkeypatch.setattr(reproduce, "run_stage", fake_eval)
+    return evaluations
+
+
+def test_a_finished_run_is_tested_on_other_start_states_before_its_weights_go(tmp_path, monkeypatch, capsys):
+    """`--test-seed`: the start model and the last checkpoint, each evaluated once on the test's start states, in
+    the run's own config; an evaluation already written is read back; the table gets a test section."""
+    run_dir = tmp_path / "runs" / "seed_1"
+    evaluations = fake_trainer_and_eval(monkeypatch, lambda command: {
+        "val-env/Bandit/success": 1.0, "val-env/BanditTest/success": 0.25 if "model_path=/warm" in command else 0.75})
     args = argparse.Namespace(val_seed=5, save_freq=1, test_seed=9_000, test_groups=16)
     overrides = ["es_manager.val.env_groups=64", "model_path=/warm", "trainer.total_training_steps=4"]
     record = reproduce.train("bandit", 1, run_dir, args, overrides)
@@ -313,21 +320,7 @@ def test_a_test_on_new_boards_plays_boards_no_run_trained_or_validated_on(tmp_pa
     (warm / "data").mkdir(parents=True)
     pq.write_table(pa.table({"seed": list(range(30))}), warm / "data" / "train.parquet")
     run_dir = tmp_path / "runs" / "seed_1"
-    trainer = ("import pathlib, sys; ckpt = pathlib.Path(sys.argv[1]) / 'global_step_4'\n"
-               "ckpt.mkdir(parents=True); (ckpt / 'trainer_state.json').touch()")
-    monkeypatch.setattr(reproduce, "run_command",
-                        lambda recipe, seed, run_dir, val_seed, overrides: [sys.executable, "-c", trainer, str(run_dir)])
-    evaluations, real_run_stage = [], reproduce.run_stage
-
-    def fake_eval(command, log):
-        if "ragen.eval" not in command:
-            return real_run_stage(command, log)
-        evaluations.append(command)
-        out = Path(next(c for c in command if c.startswith("hydra.run.dir=")).split("=", 1)[1])
-        (out / "metrics.json").write_text(json.dumps({"val-env/CoordFrozenLake/success": 0.5}))
-        return 0
-
-    monkeypatch.setattr(reproduce, "run_stage", fake_eval)
+    evaluations = fake_trainer_and_eval(monkeypatch, lambda command: {"val-env/CoordFrozenLake/success": 0.5})
     args = argparse.Namespace(val_seed=7_000_000, val_groups=16, save_freq=1, test_seed=9_000_000, test_groups=24,
                               test_new_boards=True, seeds=[8_999_996, 200_000])
     overrides = ["es_manager.val.env_groups=16", f"model_path={warm}", "trainer.total_training_steps=4"]
