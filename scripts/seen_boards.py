@@ -10,7 +10,8 @@ as much as reading the board. This script rebuilds each tag's start boards at th
 were played on) and splits every episode file's greedy success into the boards seen in training and those not
 seen, beside the scripted oracle's success on the same start states (a board that repeats is a common one, and
 may be easier). FrozenLake episodes get instead their expected success without the slips' luck and the best odds
-(`scripts/map_dependence.py`) on each part.
+(`scripts/map_dependence.py`) on each part; Sokoban episodes also their success by the moves of the start board's
+shortest solution, since the boards that repeat are mostly the short ones.
 
 The training seeds are those of the training data: the warm start's expert episodes (`ragen.sft.data`'s
 `--seed` onwards, 0 .. `--train-size` by default) and RL's start states (`trainer.seed + step × env_groups +
@@ -33,6 +34,7 @@ from ragen.envs import make_env
 from ragen.envs.baselines import OracleAgent, evaluate, has_oracle
 from ragen.envs.boards import new_board_seeds, start_board, start_boards
 from ragen.envs.frozen_lake import FrozenLakeEnv
+from ragen.envs.sokoban import SokobanEnv, solve_env
 from ragen.overrides import load_config
 
 _spec = importlib.util.spec_from_file_location("map_dependence", Path(__file__).with_name("map_dependence.py"))
@@ -99,13 +101,28 @@ def oracle_success(records: list[dict], cfg) -> float | None:
     return solved / len(records)
 
 
+def by_solution_length(records: list[dict], cfg) -> dict[str, dict]:
+    """Sokoban: {moves of the start board's shortest solution ("none": no solution): {"episodes", "success"}}, to
+    tell difficulty from recall: the boards that repeat across seeds are mostly the short ones."""
+    envs, lengths = {}, {}
+    for record in records:
+        env = envs.setdefault(record["tag"], tag_env(cfg, record["tag"]))
+        env.reset(seed=record["seed"])
+        plan = solve_env(env.unwrapped)
+        lengths.setdefault("none" if plan is None else str(len(plan)), []).append(record)
+    return {length: success_by_part({"all": part})["all"]
+            for length, part in sorted(lengths.items(), key=lambda item: float(item[0].replace("none", "inf")))}
+
+
 def figures(records: list[dict], cfg, recipe: str, overrides: list[str], boards: dict[str, set[str]]) -> dict:
     """Success on the boards seen in training (`boards`, from `training_boards`) and on the others, beside the
-    oracle's (FrozenLake: the slip-free expected success and the best odds)."""
+    oracle's (FrozenLake: the slip-free expected success and the best odds; Sokoban: also by the length of the
+    shortest solution)."""
     tags = {record["tag"] for record in records}
     parts = split_by_seen(records, cfg, boards)
     result = {"episodes": len(records), "training_boards": {tag: len(boards[tag]) for tag in sorted(tags)}}
     lake = all(isinstance(tag_env(cfg, tag).unwrapped, FrozenLakeEnv) for tag in tags)
+    sokoban = all(isinstance(tag_env(cfg, tag).unwrapped, SokobanEnv) for tag in tags)
     for name, stats in success_by_part(parts).items():
         result[name] = stats
         if lake and parts[name]:  # the oracle's exact odds among them
@@ -114,6 +131,8 @@ def figures(records: list[dict], cfg, recipe: str, overrides: list[str], boards:
                                                              "best_success", "oracle_success")}
         elif parts[name]:
             result[name]["oracle_success"] = oracle_success(parts[name], cfg)
+        if sokoban and parts[name]:
+            result[name]["by_solution_length"] = by_solution_length(parts[name], cfg)
     return result
 
 
@@ -129,8 +148,15 @@ def report(path: Path, result: dict) -> str:
         elif stats.get("oracle_success") is not None:
             text += f" (the oracle {stats['oracle_success']:.1%})"
         return text
-    return (f"{path}: {result['episodes']} episodes; on boards seen in training {part('seen')}; on boards not seen "
+    def lengths(name: str) -> str:
+        rows = result[name].get("by_solution_length", {})
+        return ", ".join(f"{moves}: {round(row['success'] * row['episodes'])}/{row['episodes']}" for moves, row in rows.items())
+    text = (f"{path}: {result['episodes']} episodes; on boards seen in training {part('seen')}; on boards not seen "
             f"{part('unseen')}")
+    if any("by_solution_length" in result[name] for name in ("seen", "unseen")):
+        text += (f"\n  solved by the moves of the shortest solution: seen {lengths('seen') or 'none'}; not seen "
+                 f"{lengths('unseen') or 'none'}")
+    return text
 
 
 def main() -> None:

@@ -89,3 +89,22 @@ def test_picked_test_seeds_hold_new_boards_each_once():
     bandit = load_config("bandit", [])  # two start boards: too few for 8 new ones
     with pytest.raises(ValueError, match="too few distinct boards"):
         seen_boards.pick_unseen(bandit, {}, 0, 8, tries=50)
+
+
+def test_sokoban_success_is_also_split_by_the_length_of_the_shortest_solution():
+    """The oracle, played for real within the action budget, solves exactly the boards whose shortest solution fits."""
+    from ragen.envs.baselines import OracleAgent, evaluate
+
+    cfg = load_config("sokoban", [])
+    tag = cfg.es_manager.val.env_configs.tags[0]
+    env, budget = seen_boards.tag_env(cfg, tag), cfg.custom_envs[tag].max_actions_per_traj
+    seeds = range(127_000_000, 127_000_060)
+    records = [{"tag": tag, "seed": seed, "success": evaluate(env, OracleAgent(), [seed], budget).success_rate == 1.0}
+               for seed in seeds]
+    rows = seen_boards.by_solution_length(records, cfg)
+    assert sum(row["episodes"] for row in rows.values()) == len(seeds)
+    assert all(row["success"] == (moves != "none" and int(moves) <= budget) for moves, row in rows.items())
+    assert any(int(moves) > budget for moves in rows if moves != "none")  # some levels take longer than the budget
+    result = seen_boards.figures(records, cfg, "sokoban", [], seen_boards.training_boards(cfg, {tag}, [range(2000)]))
+    assert "by_solution_length" in result["unseen"]
+    assert "solved by the moves of the shortest solution" in seen_boards.report(Path("x.jsonl"), result)
