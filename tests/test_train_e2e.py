@@ -284,13 +284,14 @@ def test_a_mix_of_frozen_lake_and_countdown_in_one_batch(tiny_model_path, tmp_pa
 def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_path):
     command = ["python", "-m", "ragen.eval", "--config-name", "sokoban", f"model_path={tiny_model_path}",
                f"hydra.run.dir={tmp_path}", "actor_rollout_ref.rollout.response_length=16", "agent_proxy.max_turn=2",
-               "es_manager.val.env_groups=2", "es_manager.val.group_size=2", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+               "es_manager.val.env_groups=2", "es_manager.val.group_size=2", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+               "es_manager.val.seeds=[1000007,1000003]"]  # start states named one by one (boards no run saw)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     what, header, row = result.stdout.splitlines()[:3]
-    assert what == (f"model {tiny_model_path}; 2 start states x 2 (es_manager.val), seeds from "
-                    "trainer.val_seed=1000000; sampling at temperature 1.0")
+    assert what == (f"model {tiny_model_path}; 2 start states x 2 (es_manager.val), the 2 seeds of "
+                    "es_manager.val.seeds; sampling at temperature 1.0")
     assert header.split()[:4] == ["env", "success", "pass@1", "pass@2"] and row.split()[0] == "CoordSokoban"
     usage = subprocess.run(["python", "-m", "ragen.eval", "--help"], capture_output=True, text=True, timeout=120,
                            cwd=REPO)
@@ -298,6 +299,7 @@ def test_eval_cli_reports_per_env_metrics_and_pass_at_k(tiny_model_path, tmp_pat
     assert len(usage.stdout.splitlines()) < 40  # not the whole config
     records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["group_id"] for r in records} == {0, 1}
+    assert [r["seed"] for r in records] == [1000007, 1000007, 1000003, 1000003]
     assert all(1 <= len(r["turns"]) <= 2 for r in records)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["val-env/CoordSokoban/num_turns"] == pytest.approx(sum(len(r["turns"]) for r in records) / 4)
