@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."; . .venv/bin/activate; export HF_HUB_OFFLINE=1
 OUT=results/sokoban_distinct
 W=$OUT/warm_seed_1
+mkdir -p $OUT
 if [ ! -f $W/done ]; then
-  /usr/bin/time -v bash sft/warm_start.sh sokoban $W trainer.seed=1 --train-size=2000 --distinct-boards \
+  bash sft/warm_start.sh sokoban $W trainer.seed=1 --train-size=2000 --distinct-boards \
     trainer.total_training_steps=400 trainer.train_batch_size=16 > $OUT/warm_seed_1.log 2>&1
   touch $W/done
 fi
