@@ -64,8 +64,11 @@ in the recipe's format, see step 1; 15 min on 2 busy cores, a plumbing check: 12
    `--score-turns` rows of the held-out file are scored (whole episodes in seed order).
    Printed, and written to `<output>/score.json`.
 
-Output folder: `data/{train,test}.parquet` and `data/stats.json`, `model/` (the trainer's folder: the full
-model, or the adapter), `model_merged/` (LoRA only), `score.json`.
+Output folder: `data/{train,test}.parquet`, `data/stats.json` and `data/command.json` (the arguments that made
+the data), `model/` (the trainer's folder: the full model, or the adapter), `model_merged/` (LoRA only),
+`score_before.json`, `score.json`. The stage run again with the same arguments after an interruption reuses the
+data and the score before, and the fine-tuning goes on from its last save (every epoch, or every N steps with
+`--sft trainer.test_freq=N`).
 """
 
 import argparse
@@ -411,16 +414,50 @@ def finetune(args: argparse.Namespace, base_model: str, data: Path) -> Path:
     return merged
 
 
+def stage_data(args: argparse.Namespace, cfg: RagenConfig, base_model: str) -> dict[str, dict[str, int]]:
+    """`write_data` into `<output>/data`, or the data already there when the same arguments made it (a stage run
+    again after an interruption goes on with its data; the trainer then resumes from its last save). Data made
+    by other arguments is refused, not overwritten."""
+    data = args.output / "data"
+    made_by = {"model_path": base_model, "overrides": list(args.overrides),
+               **{key: getattr(args, key) for key in ("env", "train_episodes", "test_episodes", "seed",
+                                                        "max_train_turns", "temperature", "play_format",
+                                                        "response_length", "episodes_per_rollout")}}
+    record = data / "command.json"
+    if record.is_file():
+        earlier = json.loads(record.read_text(encoding="utf-8"))
+        if earlier != made_by:
+            changed = ", ".join(f"{key}: {earlier.get(key)!r} -> {value!r}" for key, value in made_by.items()
+                                if earlier.get(key) != value)
+            raise ValueError(f"{data} holds self-play data made with other arguments ({changed}): choose another "
+                             "--output, or remove that folder")
+        print(f"[world-model] reusing the self-play data in {data}", flush=True)
+        return json.loads((data / "stats.json").read_text(encoding="utf-8"))
+    stats = write_data(cfg, data, args.train_episodes, args.test_episodes, args.seed, args.max_train_turns,
+                       args.play_format, args.episodes_per_rollout)
+    record.write_text(json.dumps(made_by, indent=2), encoding="utf-8")  # last: the data is whole
+    return stats
+
+
 def run_stage(args: argparse.Namespace) -> dict:
-    """Self-play data, the score before, fine-tuning, the score after: `<output>/score.json`."""
+    """Self-play data, the score before, fine-tuning, the score after: `<output>/score.json`. Run again after an
+    interruption, it reuses the data and the score before (`<output>/score_before.json`) and the trainer goes on
+    from its last save."""
     cfg = recipe(args)
     base_model = resolve_model_path(cfg.model_path)
     data = args.output / "data"
-    stats = write_data(cfg, data, args.train_episodes, args.test_episodes, args.seed, args.max_train_turns,
-                       args.play_format, args.episodes_per_rollout)
+    stats = stage_data(args, cfg, base_model)
     engine = cfg.actor_rollout_ref.rollout
-    score = {"before": score_model(base_model, data / "test.parquet", args.score_turns, args.score_batch_size,
-                                   engine_name=engine.name, dtype=engine.dtype)}
+    scoring = {"model_path": base_model, "turns": args.score_turns, "batch_size": args.score_batch_size,
+               "engine": engine.name, "dtype": engine.dtype}
+    before_file = args.output / "score_before.json"
+    before = json.loads(before_file.read_text(encoding="utf-8")) if before_file.is_file() else {}
+    if before.get("scoring") != scoring:
+        before = {"scoring": scoring, "score": score_model(base_model, data / "test.parquet", args.score_turns,
+                                                           args.score_batch_size, engine_name=engine.name,
+                                                           dtype=engine.dtype)}
+        before_file.write_text(json.dumps(before, indent=2), encoding="utf-8")
+    score = {"before": before["score"]}
     trained = finetune(args, base_model, data)
     score["after"] = score_model(str(trained), data / "test.parquet", args.score_turns, args.score_batch_size,
                                  engine_name=engine.name, dtype=engine.dtype)

@@ -299,11 +299,12 @@ def test_stage_end_to_end(tmp_path, tiny_model_path, tokenizer, monkeypatch):
 
     monkeypatch.setattr(world_model, "load_engine", load_engine)
     output = tmp_path / "stage"
-    world_model.main(["stage", "--env", "sokoban", "--output", str(output), "--train-episodes", "2",
-                      "--test-episodes", "1", "--epochs", "1", "--batch-size", "4", "--score-turns", "2",
-                      "--sft", "trainer.micro_batch_size_per_gpu=2", "--sft", "eval.max_turns=0",
-                      "--sft", "model.dtype=float32", f"model_path={tiny_model_path}", "agent_proxy.max_turn=2",
-                      "agent_proxy.max_actions_per_turn=2", "actor_rollout_ref.rollout.response_length=32"])
+    argv = ["stage", "--env", "sokoban", "--output", str(output), "--train-episodes", "2",
+            "--test-episodes", "1", "--epochs", "1", "--batch-size", "4", "--score-turns", "2",
+            "--sft", "trainer.micro_batch_size_per_gpu=2", "--sft", "eval.max_turns=0",
+            "--sft", "model.dtype=float32", f"model_path={tiny_model_path}", "agent_proxy.max_turn=2",
+            "agent_proxy.max_actions_per_turn=2", "actor_rollout_ref.rollout.response_length=32"]
+    world_model.main(argv)
     score = json.loads((output / "score.json").read_text())
     assert score["data"]["train"]["rows"] == 4 and score["data"]["test"]["rows"] == 2
     assert score["before"]["written_spans"] == 0.0 and score["before"]["format_ok"] == 1.0  # REPLIES[0] each time
@@ -315,6 +316,25 @@ def test_stage_end_to_end(tmp_path, tiny_model_path, tokenizer, monkeypatch):
     base = load_file(Path(tiny_model_path) / "model.safetensors")
     assert any(not torch.equal(trained[k], base[k]) for k in base)
     assert pq.read_table(output / "data" / "train.parquet").num_rows == 4
+
+    # Run again (after an interruption): the data and the score before are reused, the finished fine-tuning is not
+    # redone, and the model is scored again; other data arguments are refused, not written over the data.
+    def no_self_play(*args, **kwargs):
+        raise AssertionError("the self-play data was made again")
+
+    scored = []
+    real_score = world_model.score_model
+    monkeypatch.setattr(world_model, "write_data", no_self_play)
+    monkeypatch.setattr(world_model, "score_model",
+                        lambda model, *a, **k: scored.append(model) or real_score(model, *a, **k))
+    world_model.main(argv)
+    assert scored == [str(output / "model")]
+    again = json.loads((output / "score.json").read_text())
+    assert again["before"] == score["before"] and again["data"] == score["data"]
+    metrics = [json.loads(line) for line in (output / "model" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1]
+    with pytest.raises(ValueError, match="train_episodes: 2 -> 3"):
+        world_model.main([*argv[:6], "3", *argv[7:]])
 
 
 def test_stage_refuses_a_lora_rank_through_sft(tmp_path, capsys):
