@@ -449,7 +449,8 @@ def run_stage(args: argparse.Namespace) -> dict:
     stats = stage_data(args, cfg, base_model)
     engine = cfg.actor_rollout_ref.rollout
     scoring = {"model_path": base_model, "turns": args.score_turns, "batch_size": args.score_batch_size,
-               "engine": engine.name, "dtype": engine.dtype}
+               "engine": engine.name, "dtype": engine.dtype,  # and the data it scored: made anew, scored anew
+               "data": json.loads((data / "command.json").read_text(encoding="utf-8"))}
     before_file = args.output / "score_before.json"
     before = json.loads(before_file.read_text(encoding="utf-8")) if before_file.is_file() else {}
     if before.get("scoring") != scoring:
