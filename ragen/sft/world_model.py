@@ -414,10 +414,10 @@ def finetune(args: argparse.Namespace, base_model: str, data: Path) -> Path:
     return merged
 
 
-def stage_data(args: argparse.Namespace, cfg: RagenConfig, base_model: str) -> dict[str, dict[str, int]]:
-    """`write_data` into `<output>/data`, or the data already there when the same arguments made it (a stage run
-    again after an interruption goes on with its data; the trainer then resumes from its last save). Data made
-    by other arguments is refused, not overwritten."""
+def stage_data(args: argparse.Namespace, cfg: RagenConfig, base_model: str) -> tuple[dict, dict]:
+    """(the data's counts, the arguments that made it): `write_data` into `<output>/data`, or the data already there
+    when the same arguments made it (a stage run again after an interruption goes on with its data; the trainer
+    then resumes from its last save). Data made by other arguments is refused, not overwritten."""
     data = args.output / "data"
     made_by = {"model_path": base_model, "overrides": list(args.overrides),
                **{key: getattr(args, key) for key in ("env", "train_episodes", "test_episodes", "seed",
@@ -432,11 +432,11 @@ def stage_data(args: argparse.Namespace, cfg: RagenConfig, base_model: str) -> d
             raise ValueError(f"{data} holds self-play data made with other arguments ({changed}): choose another "
                              "--output, or remove that folder")
         print(f"[world-model] reusing the self-play data in {data}", flush=True)
-        return json.loads((data / "stats.json").read_text(encoding="utf-8"))
+        return json.loads((data / "stats.json").read_text(encoding="utf-8")), made_by
     stats = write_data(cfg, data, args.train_episodes, args.test_episodes, args.seed, args.max_train_turns,
                        args.play_format, args.episodes_per_rollout)
     record.write_text(json.dumps(made_by, indent=2), encoding="utf-8")  # last: the data is whole
-    return stats
+    return stats, made_by
 
 
 def run_stage(args: argparse.Namespace) -> dict:
@@ -446,11 +446,11 @@ def run_stage(args: argparse.Namespace) -> dict:
     cfg = recipe(args)
     base_model = resolve_model_path(cfg.model_path)
     data = args.output / "data"
-    stats = stage_data(args, cfg, base_model)
+    stats, made_by = stage_data(args, cfg, base_model)
     engine = cfg.actor_rollout_ref.rollout
     scoring = {"model_path": base_model, "turns": args.score_turns, "batch_size": args.score_batch_size,
                "engine": engine.name, "dtype": engine.dtype,  # and the data it scored: made anew, scored anew
-               "data": json.loads((data / "command.json").read_text(encoding="utf-8"))}
+               "data": made_by}
     before_file = args.output / "score_before.json"
     before = json.loads(before_file.read_text(encoding="utf-8")) if before_file.is_file() else {}
     if before.get("scoring") != scoring:
