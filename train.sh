@@ -4,7 +4,7 @@
 # Recipes are the YAML files in config/ (sokoban, bandit, ...); every key is documented in
 # ragen/config.py and verl/trainer/config.py.
 # RAGEN's first form, `bash ./train.sh` with settings in environment variables (DIM_X ... NUM_BOXES, BASE_MODEL,
-# ...), trains the sokoban recipe with those settings translated (README, "Old RAGEN commands and keys").
+# ...), trains the sokoban recipe with those settings translated (docs/old-ragen.md).
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the comment above is the usage
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"

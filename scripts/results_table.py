@@ -5,12 +5,12 @@
 
 A reproduction is published by copying what `scripts/reproduce.py` wrote into `public/results/<name>/`
 (`results.json`, and `curve.png` for the figure); `<name>` is the recipe, or the recipe and a variant
-(`sokoban_warm_start`). Each validation tag of each `results.json` is one row: the untrained model and the
+(`sokoban_warm_start`). Each validation tag of each `results.json` is one row: the model RL started from and the
 trained one on the runs' validation start states, or on its test levels when it has them (`reproduce.py
 --test-seed`: levels kept aside from every run and choice), the reference agents on those same states (one episode
 each, as the policy), RAGEN's published number, and how the row was measured. A reproduction made with
-`--warm-start` starts from each seed's warm start, so its "untrained" column holds the warm starts' scores
-and its row says so. A recipe of train.sh with no
+`--warm-start` starts from each seed's warm start, so its "start" holds the warm starts' scores (their mean and
+each seed's) and its row says so. A recipe of train.sh with no
 published reproduction gets a row that says so. The tables sit between the markers below; the rest of each
 file is left as it is, and tests/test_docs.py fails when a table is stale.
 
@@ -72,7 +72,10 @@ def measured_row(name: str, tag: str, result: dict, details: str) -> str:
     row, base = success[tag], baselines[tag]
     trained = f"**{percent(row['after_mean'])}**" + (f" ± {100 * row['after_std']:.1f}" if len(seeds) > 1 else "")
     per_seed = ", ".join(percent(v) for v in row["after"])
-    before = ", ".join(sorted({percent(v) for v in row["before"]}))
+    # the start: the untrained model (one value, the same for every seed), or each seed's warm start (in seed order)
+    before = percent(row["before"][0]) if len(set(row["before"])) == 1 else \
+        (f"{percent(statistics.mean(row['before']))} ± {100 * statistics.stdev(row['before']):.1f} "
+         f"({', '.join(percent(v) for v in row['before'])})")
     constant = f"{percent(base['constant'][1])} ({base['constant'][0]})" if base["constant"] else "—"
     oracle = "—" if base["oracle"] is None else percent(base["oracle"])
     steps = "/".join(map(str, sorted(set(result["steps"].values()))))
@@ -84,12 +87,13 @@ def measured_row(name: str, tag: str, result: dict, details: str) -> str:
         if result.get("warm_start") else rl
     how = (f"`{name}`: {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, {runs}, {levels}; {result['model'].rsplit('/', 1)[-1]}, "
            f"{result['machine']}, {result['date']} ([details]({details}))")
-    return (f"| {tag} | {before} → {trained} ({per_seed}) | {percent(base['random'])} | {constant} | {oracle} | "
+    after = f"{trained} ({per_seed})" if steps != "0" else "— (no RL step validated)"
+    return (f"| {tag} | {before} → {after} | {percent(base['random'])} | {constant} | {oracle} | "
             f"{PAPER.get(tag, '—')} | {how} |")
 
 
 def table(results: dict[str, dict], details: str) -> str:
-    lines = ["| environment | untrained → trained (mean ± std over seeds; per seed) | random | best constant move "
+    lines = ["| environment | start → after RL (mean ± std over seeds; per seed) | random | best constant move "
              "| oracle | RAGEN paper (Qwen2.5-0.5B) | measured |", "|---|---|---|---|---|---|---|"]
     for name, result in results.items():
         lines += [measured_row(name, tag, result, details) for tag in reported(result)[0]]

@@ -165,7 +165,8 @@ def test_a_results_json_becomes_its_rows(tmp_path, monkeypatch):
                                "after_std": 0.033}}}}
     (tmp_path / "sokoban_warm_start" / "results.json").write_text(json.dumps(tested))
     text = module.table(module.load_results(tmp_path), "#results")
-    assert ("| Bandit | 78.9 %, 79.7 % → **78.9 %** ± 3.3 (81.2 %, 76.6 %) | 6.2 % | 0.0 % (Up) | 100.0 % |" in text
+    assert ("| Bandit | 79.3 % ± 0.6 (79.7 %, 78.9 %) → **78.9 %** ± 3.3 (81.2 %, 76.6 %) | 6.2 % | 0.0 % (Up) | "
+            "100.0 % |" in text
             and "`sokoban_warm_start`: 2 seeds, warm start (--train-size=8000) + RL, 1 step, 128 test states from "
                 "seed 115000000 (kept aside);" in text)
     (tmp_path / "sokoban_warm_start" / "results.json").unlink()

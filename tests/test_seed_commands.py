@@ -1,6 +1,6 @@
 """RAGEN's own commands, from its READMEs (/work/shared/seeds), run through `train.sh` on the tiny model.
 
-Each trains one step, so the old names must reach the settings they name; README, "Old RAGEN commands
+Each trains one step, so the old names must reach the settings they name; docs/old-ragen.md, "Old RAGEN commands
 and keys" lists the translation.
 """
 
