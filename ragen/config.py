@@ -434,6 +434,9 @@ def _validate_rollout_filter(cfg: RagenConfig) -> None:
     ok, what = allowed[strategy]
     _check(math.isfinite(value) and ok, f"{key}.rollout_filter_value={value} with rollout_filter_strategy={strategy} "
                                         f"must be {what}")
+    eps = rollout.rollout_filter_selection_eps
+    _check(math.isfinite(eps) and eps >= 0, f"{key}.rollout_filter_selection_eps={eps} must be finite and >= 0 "
+                                            "(linear top_p stops once the kept scores reach value * sum - this)")
     _check(rollout.rollout_filter_empty_stop_steps >= 0,
            f"{key}.rollout_filter_empty_stop_steps must be >= 1, or 0 to never stop on steps with nothing kept")
     keeps_all = rollout.rollout_filter_include_zero and strategy in ("top_p", "top_k") and value >= 1

@@ -165,8 +165,9 @@ FILTER = "actor_rollout_ref.rollout.rollout_filter_"
     ([FILTER + "strategy=top_q"], r"rollout_filter_strategy='top_q': choose one of \['min_p', 'top_k', 'top_k_abs', "
                                   r"'top_p'\]"),
     ([FILTER + "type=std_reverse"], "rollout_filter_type='std_reverse': choose largest or smallest"),
-    ([FILTER + "metric=variance"], r"rollout_filter_metric='variance': choose one of \['entropy', 'length', "
-                                   r"'reward', 'reward_std', 'reward_sum', 'reward_variance'\]"),
+    ([FILTER + "metric=variance"], r"rollout_filter_metric='variance': choose one of \['entropy', 'entropy_std', "
+                                   r"'entropy_variance', 'length', 'reward', 'reward_std', 'reward_sum', "
+                                   r"'reward_variance'\]"),
     ([FILTER + "top_p_prob_mode=exp"], r"rollout_filter_top_p_prob_mode='exp': choose one of \['linear', "
                                        r"'softmax'\]"),
     ([FILTER + "strategy=top_p", FILTER + "value=-0.1"], "rollout_filter_value=-0.1 with rollout_filter_strategy"
@@ -178,6 +179,7 @@ FILTER = "actor_rollout_ref.rollout.rollout_filter_"
     ([FILTER + "strategy=min_p", FILTER + "value=0"], "strategy=min_p must be in \\(0, 1\\]"),
     ([FILTER + "strategy=min_p", FILTER + "value=1.2"], "strategy=min_p must be in \\(0, 1\\]"),
     ([FILTER + "empty_stop_steps=-1"], "rollout_filter_empty_stop_steps must be >= 1, or 0"),
+    ([FILTER + "selection_eps=-0.01"], "rollout_filter_selection_eps=-0.01 must be finite and >= 0"),
     # groups of one have no reward std to rank by, unless the filter keeps every group
     (["es_manager.train.group_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", FILTER + "metric=reward_std"], "group_size >= 2"),

@@ -701,27 +701,28 @@ def test_adaptive_kl_controller_ignores_a_non_finite_kl(kl):
 
 # ---- rollout filter ------------------------------------------------------------------------------------
 def reference_select_groups(scores: list[float], strategy: str, value: float, largest: bool, include_zero: bool,
-                            prob_mode: str, fill: int = 1, multiple: int = 1) -> list[int]:
+                            prob_mode: str, fill: int = 1, multiple: int = 1, eps: float = 0.01) -> list[int]:
     """RAGEN-2's group selection as a loop over the ranked groups, then our rounding: up to whole mini-batches
-    (`fill`) or all the candidates, then down to equal rank shares (`multiple`)."""
+    (`fill`) or all the candidates, then down to equal rank shares (`multiple`). A share reached in exact
+    arithmetic counts as reached (the 1e-9 slack)."""
     candidates = [g for g, s in enumerate(scores) if not math.isnan(s) and (include_zero or abs(s) > 1e-10)]
     candidates.sort(key=lambda g: -scores[g] if largest else scores[g])  # a stable sort: ties keep the earlier group
     ranked = [scores[g] for g in candidates]
     if strategy == "top_p" and value >= 1:
         count = len(ranked)
     elif strategy == "top_p" and prob_mode == "linear":
-        threshold, total, kept = value * sum(ranked) - 0.01, 0.0, 0
+        threshold, total, kept = value * sum(ranked) - eps, 0.0, 0
         for score in ranked:  # RAGEN-2's order: is the share reached? then is the next score positive? then add
-            if total >= threshold or score <= 0:
+            if (total >= threshold - 1e-9 and threshold > 0) or score <= 0:
                 break
             total, kept = total + score, kept + 1
-        count = kept if total >= threshold else 0
+        count = kept if total >= threshold - 1e-9 and threshold > 0 else 0
     elif strategy == "top_p":
         weights = [math.exp(s if largest else -s) for s in ranked]
         total, count = 0.0, len(ranked)
         for i, weight in enumerate(weights):
             total += weight / sum(weights)
-            if total >= value:
+            if total >= value - 1e-9:
                 count = i + 1
                 break
     elif strategy == "top_k":
@@ -735,10 +736,10 @@ def reference_select_groups(scores: list[float], strategy: str, value: float, la
 
 
 def select(scores, strategy, value, filter_type="largest", include_zero=True, prob_mode="linear", fill=1,
-           multiple=1):
+           multiple=1, eps=0.01):
     kept = select_groups(torch.as_tensor(scores, dtype=torch.float32), strategy=strategy, value=value,
                          largest=filter_type == "largest", include_zero=include_zero, prob_mode=prob_mode,
-                         fill=fill, multiple=multiple)
+                         selection_eps=eps, fill=fill, multiple=multiple)
     return kept.tolist()
 
 
@@ -760,6 +761,18 @@ def test_top_p_linear(value, filter_type, include_zero, expected):
 def test_top_p_linear_stops_the_eps_short_of_the_share():
     assert select([0.595, 0.405], "top_p", 0.6) == [0]  # 0.595 >= 0.6 * 1.0 - 0.01
     assert select([0.58, 0.42], "top_p", 0.6) == [0, 1]
+    assert select([0.595, 0.405], "top_p", 0.6, eps=0.0) == [0, 1]  # rollout_filter_selection_eps=0: the share itself
+    assert select([0.58, 0.42], "top_p", 0.6, eps=0.05) == [0]  # 0.58 >= 0.6 - 0.05
+
+
+@pytest.mark.parametrize("scores, value, prob_mode, kept", [
+    ([0.35, 0.25, 0.15, 0.05], 0.95, "linear", 3),  # 0.35 + 0.25 + 0.15 = 0.75 = 0.95 * 0.8 - 0.01 exactly
+    ([1.0] * 10, 0.9, "softmax", 9),  # nine weights of 0.1 hold 0.9 exactly (their float sum is 0.8999999999999999)
+    ([1.0] * 10, 0.8, "softmax", 8),
+    ([1.0] * 20, 0.5, "softmax", 10),
+])
+def test_top_p_counts_a_share_reached_in_exact_arithmetic_as_reached(scores, value, prob_mode, kept):
+    assert len(select(scores, "top_p", value, prob_mode=prob_mode)) == kept
 
 
 @pytest.mark.parametrize("scores, filter_type, include_zero", [
@@ -875,9 +888,11 @@ def test_select_groups_matches_the_loop_reference(strategy, values):
                 for include_zero in (True, False):
                     for prob_mode in ("linear", "softmax"):
                         for fill, multiple in ((1, 1), (2, 1), (3, 1), (4, 2), (3, 3)):
-                            args = (strategy, value, filter_type == "largest", include_zero, prob_mode, fill, multiple)
-                            assert select(scores, strategy, value, filter_type, include_zero, prob_mode, fill,
-                                          multiple) == reference_select_groups(scores, *args), (scores, args)
+                            for eps in (0.01, 0.0):
+                                args = (strategy, value, filter_type == "largest", include_zero, prob_mode, fill,
+                                        multiple, eps)
+                                assert select(scores, strategy, value, filter_type, include_zero, prob_mode, fill,
+                                              multiple, eps) == reference_select_groups(scores, *args), (scores, args)
 
 
 def test_filter_metrics_score_each_group():
@@ -899,6 +914,8 @@ def test_filter_metrics_score_each_group():
     assert score("length") == pytest.approx([1.5, 3.0, 1.5])
     # per trajectory: minus the mean log-prob of its sampled tokens (2, 2; 1, 3; 0, 0.5), then the group's mean
     assert score("entropy") == pytest.approx([2.0, 2.0, 0.25])
+    assert score("entropy_variance") == pytest.approx([0.0, 2 ** 0.5, 0.5 ** 0.5 / 2])  # the std of those two
+    assert score("entropy_std") == score("entropy_variance")
 
 
 # ---- masks ------------------------------------------------------------------------------------------

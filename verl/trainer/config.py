@@ -91,10 +91,12 @@ class RolloutConfig:
     rollout_filter_value: float = 0.25
     rollout_filter_type: str = "largest"  # largest: keep the highest scores | smallest: the lowest
     # reward_variance (alias reward_std): in-group reward std | reward: mean reward | reward_sum | entropy: mean
-    # -log-prob of the sampled tokens (the rollout's own log-probs, no extra pass) | length: mean generated tokens
+    # -log-prob of the sampled tokens (the rollout's own log-probs, no extra pass) | entropy_variance (alias
+    # entropy_std): the in-group std of that | length: mean generated tokens
     rollout_filter_metric: str = "reward_variance"
     rollout_filter_include_zero: bool = True  # false: first drop the groups whose score is 0 (no reward spread)
     rollout_filter_top_p_prob_mode: str = "linear"  # top_p over the scores themselves | softmax: over softmax(scores)
+    rollout_filter_selection_eps: float = 0.01  # linear top_p: stop once the kept scores reach value * sum - this
     # a step whose filter keeps nothing trains on nothing; stop after this many such steps in a row (0: never)
     rollout_filter_empty_stop_steps: int = 5
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)

@@ -279,7 +279,9 @@ def normalize_scores(scores: torch.Tensor, group_keys: np.ndarray, method: str) 
 # by it (highest first for `largest`, lowest first for `smallest`) and a strategy (FILTER_STRATEGIES) says
 # how many of the ranked groups to keep. Every strategy keeps a prefix of the ranking, so it returns a count.
 ZERO_SCORE = 1e-10  # a group whose |score| is at most this says nothing: include_zero=False drops it first
-TOP_P_EPS = 0.01  # linear top_p stops once the kept scores reach value * sum - this (RAGEN-2's selection eps)
+# A share that the kept groups reach in exact arithmetic counts as reached: float sums fall short of it by ~1e-16
+# (ten softmax weights of 0.1 add up to 0.8999999999999999 after nine), which would keep one group more
+SHARE_SLACK = 1e-9
 
 
 def _per_group(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -313,32 +315,37 @@ FILTER_METRICS: dict[str, Callable[..., torch.Tensor]] = {
         trajectory_rewards, index),
     "entropy": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _group_mean(
         _mean_negative_log_prob(rollout_log_probs, loss_mask.float()), index),
+    "entropy_variance": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _per_group(
+        group_mean_std(_mean_negative_log_prob(rollout_log_probs, loss_mask.float()), index)[1], index),  # std
     "length": lambda *, trajectory_rewards, loss_mask, rollout_log_probs, index: _group_mean(
         loss_mask.float().sum(-1), index),  # generated tokens per trajectory
 }
 FILTER_METRICS["reward_std"] = FILTER_METRICS["reward_variance"]  # RAGEN-2 accepts both names
+FILTER_METRICS["entropy_std"] = FILTER_METRICS["entropy_variance"]
 
 
-def _top_p_linear(ranked: torch.Tensor, value: float, largest: bool) -> int:
-    """The fewest leading groups whose scores add up to `value` of the total (less TOP_P_EPS), taking no group
+def _top_p_linear(ranked: torch.Tensor, value: float, largest: bool, selection_eps: float) -> int:
+    """The fewest leading groups whose scores add up to `value` of the total (less `selection_eps`), taking no group
     with a score <= 0 (the ranking stops there); none when that share is never reached, or when it is <= 0 (no
     group is needed to reach it: RAGEN-2 returns an empty batch there, e.g. metric reward with negative rewards)."""
-    threshold = value * ranked.sum() - TOP_P_EPS
+    threshold = value * ranked.sum() - selection_eps
     if threshold <= 0:
         return 0
     before_first_non_positive = (ranked > 0).cumprod(0).bool()
-    reached = before_first_non_positive & (ranked.cumsum(0) >= threshold)
+    reached = before_first_non_positive & (ranked.cumsum(0) >= threshold - SHARE_SLACK)
     return int(reached.int().argmax()) + 1 if reached.any() else 0
 
 
-def _top_p_softmax(ranked: torch.Tensor, value: float, largest: bool) -> int:
+def _top_p_softmax(ranked: torch.Tensor, value: float, largest: bool, selection_eps: float) -> int:
     """The fewest leading groups that hold `value` of softmax(scores) (of -scores for `smallest`). Depends on the
-    scores' scale: rewards of 0/1 give a near-uniform softmax, Sokoban's +10 a peaked one."""
+    scores' scale: rewards of 0/1 give a near-uniform softmax, Sokoban's +10 a peaked one. `selection_eps` is
+    linear's alone (RAGEN-2's)."""
     probs = torch.softmax(ranked if largest else -ranked, 0)  # descending, like `ranked`'s order
-    return int(torch.searchsorted(probs.cumsum(0), torch.tensor([value], dtype=probs.dtype))) + 1
+    share = torch.tensor([value - SHARE_SLACK], dtype=probs.dtype)
+    return min(int(torch.searchsorted(probs.cumsum(0), share)) + 1, len(ranked))
 
 
-TOP_P_PROB_MODES: dict[str, Callable[[torch.Tensor, float, bool], int]] = {
+TOP_P_PROB_MODES: dict[str, Callable[[torch.Tensor, float, bool, float], int]] = {
     "linear": _top_p_linear, "softmax": _top_p_softmax}
 
 
@@ -347,27 +354,30 @@ def top_k_count(value: float, num_groups: int) -> int:
     return max(1, int(value * num_groups + 1e-9))
 
 
-def _top_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str) -> int:
-    return len(ranked) if value >= 1 else TOP_P_PROB_MODES[prob_mode](ranked, value, largest)
+def _top_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str,
+           selection_eps: float) -> int:
+    return len(ranked) if value >= 1 else TOP_P_PROB_MODES[prob_mode](ranked, value, largest, selection_eps)
 
 
-def _min_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str) -> int:
+def _min_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str,
+           selection_eps: float) -> int:
     """largest: the scores >= value * max; smallest: the scores <= min / value (`ranked[0]` is the max or min)."""
     kept = ranked >= value * ranked[0] if largest else ranked <= ranked[0] / value
     return int(kept.sum())
 
 
-# strategy(ranked (N,), *, value, largest, num_groups, prob_mode) -> how many of the N ranked groups to keep
+# strategy(ranked (N,), *, value, largest, num_groups, prob_mode, selection_eps) -> how many of the N ranked
+# groups to keep
 FILTER_STRATEGIES: dict[str, Callable[..., int]] = {
     "top_p": _top_p,
-    "top_k": lambda ranked, *, value, largest, num_groups, prob_mode: top_k_count(value, num_groups),
-    "top_k_abs": lambda ranked, *, value, largest, num_groups, prob_mode: max(1, int(value)),
+    "top_k": lambda ranked, *, value, largest, num_groups, prob_mode, selection_eps: top_k_count(value, num_groups),
+    "top_k_abs": lambda ranked, *, value, largest, num_groups, prob_mode, selection_eps: max(1, int(value)),
     "min_p": _min_p,
 }
 
 
 def select_groups(scores: torch.Tensor, *, strategy: str, value: float, largest: bool, include_zero: bool,
-                  prob_mode: str, fill: int = 1, multiple: int = 1) -> torch.Tensor:
+                  prob_mode: str, selection_eps: float = 0.01, fill: int = 1, multiple: int = 1) -> torch.Tensor:
     """Indices of the groups to keep, best first, from one score per group (G,).
 
     A NaN score (a group with a failed environment) is never kept. `include_zero=False` first drops the groups
@@ -391,7 +401,7 @@ def select_groups(scores: torch.Tensor, *, strategy: str, value: float, largest:
     order = torch.sort(candidate_scores, descending=largest, stable=True).indices
     ranked = candidate_scores[order]  # (N,)
     count = FILTER_STRATEGIES[strategy](ranked, value=value, largest=largest, num_groups=len(scores),
-                                        prob_mode=prob_mode)
+                                        prob_mode=prob_mode, selection_eps=selection_eps)
     count = min(math.ceil(count / fill) * fill, len(ranked))
     count = count // multiple * multiple
     return candidates[order[:count]]

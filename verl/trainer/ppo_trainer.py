@@ -159,6 +159,7 @@ class PPOTrainer:
         kept = select_groups(scores, strategy=cfg.rollout_filter_strategy, value=cfg.rollout_filter_value,
                              largest=cfg.rollout_filter_type == "largest", include_zero=cfg.rollout_filter_include_zero,
                              prob_mode=cfg.rollout_filter_top_p_prob_mode,
+                             selection_eps=cfg.rollout_filter_selection_eps,
                              fill=groups_per_multiple(self.samples_multiple, group_size),
                              multiple=groups_per_multiple(self.actor_rollout_wg.world_size, group_size))
         keep = np.isin(index.numpy(), kept.numpy())
