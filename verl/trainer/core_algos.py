@@ -351,7 +351,7 @@ TOP_P_PROB_MODES: dict[str, Callable[[torch.Tensor, float, bool, float], int]] =
 
 def top_k_count(value: float, num_groups: int) -> int:
     """top_k's groups: int(value * num_groups), at least 1 (the slack keeps 0.29 * 100 at 29)."""
-    return max(1, int(value * num_groups + 1e-9))
+    return max(1, int(value * num_groups + SHARE_SLACK))
 
 
 def _top_p(ranked: torch.Tensor, *, value: float, largest: bool, num_groups: int, prob_mode: str,
