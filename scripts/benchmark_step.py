@@ -2,7 +2,7 @@
 
     python scripts/benchmark_step.py [--model bundled:SmolLM2-135M-Instruct] [--batch 8 32] [--new-tokens 128]
                                      [--seq-len 600] [--generated-tokens 100] [--dtype auto]
-                                     [--turns 10 --system-len 190] [--profile]
+                                     [--turns 10 --system-len 190] [--profile] [--checkpointing] [--no-critic]
 
 First the matmul peaks in bf16 and fp32 (some CPUs run fp32 faster), then the parts of a step in --dtype: `auto`
 (the configs' default: bf16 on a GPU or a CPU with AMX or AMD's avx512_bf16, else fp32), bfloat16 or float32, as the keys
@@ -15,11 +15,14 @@ FrozenLake trajectory: ~110 generated of ~680). The actor computes logits only a
 With --turns K each sequence is instead a trajectory of K equal turns after a --system-len system prompt, each turn
 seeing only the system prompt and itself (max_context_window 1, as the Sokoban and FrozenLake recipes train:
 the attention mask of ragen/context_manager.py's window_layout), its reply the last --generated-tokens / K tokens.
---profile prints the update's costliest operators (torch.profiler).
+--profile prints the update's costliest operators (torch.profiler); --checkpointing recomputes the actor's activations
+in backward, as `actor_rollout_ref.model.enable_gradient_checkpointing` does (less memory, more compute), and the
+process's peak memory is printed after the update; --no-critic stops there.
 The critic (the same backbone with a value head) is timed the same way: values, then one update.
 """
 
 import argparse
+import resource
 import time
 
 import torch
@@ -48,6 +51,9 @@ def main() -> None:
                         help="rows as trajectories of this many turns under a one-turn context window (0: plain rows)")
     parser.add_argument("--system-len", type=int, default=190, help="the system prompt's tokens, with --turns")
     parser.add_argument("--profile", action="store_true", help="print the update's costliest operators")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="recompute activations in backward (actor_rollout_ref.model.enable_gradient_checkpointing)")
+    parser.add_argument("--no-critic", action="store_true", help="time the actor only")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                         help="compute dtype of the actor, the critic and the rollout engine (default: the configs')")
     args = parser.parse_args()
@@ -55,7 +61,8 @@ def main() -> None:
     peaks = {name: matmul_peak(dtype=getattr(torch, name)) / 1e9 for name in ("bfloat16", "float32")}
     print("matmul peak: " + ", ".join(f"{name} {gflops:.0f} GFLOP/s" for name, gflops in peaks.items()))
     path = resolve_model_path(args.model)
-    config = ActorRolloutRefConfig(model=ModelConfig(path=path, dtype=args.dtype),
+    config = ActorRolloutRefConfig(model=ModelConfig(path=path, dtype=args.dtype,
+                                                     enable_gradient_checkpointing=args.checkpointing),
                                    rollout=RolloutConfig(dtype=args.dtype))
     config.actor.ppo_mini_batch_size = args.train_batch
     config.actor.ppo_micro_batch_size_per_gpu = args.micro_batch
@@ -84,13 +91,16 @@ def main() -> None:
         "adv_mask": loss_mask, "returns": torch.randn(n, t)})
     data = data.union(timed_tokens("old log-probs", n * t, lambda: worker.compute_log_prob(data)))
     data.batch["rollout_log_probs"] = data.batch["old_log_probs"].clone()  # as if the engine sampled this policy
-    update = f"update (fwd+bwd+step, micro-batch {args.micro_batch})"
+    update = f"update (fwd+bwd+step, micro-batch {args.micro_batch}{', checkpointing' if args.checkpointing else ''})"
     if args.profile:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
             timed_tokens(update, n * t, lambda: worker.update_actor(data))
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
     else:
         timed_tokens(update, n * t, lambda: worker.update_actor(data))
+    print(f"peak memory of this process so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB")
+    if args.no_critic:
+        return
 
     critic_config = CriticConfig(model=ModelConfig(path=path, dtype=args.dtype), ppo_mini_batch_size=n, ppo_epochs=1,
                                  ppo_micro_batch_size_per_gpu=args.micro_batch,

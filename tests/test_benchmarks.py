@@ -39,8 +39,10 @@ def test_benchmark_step_prints_every_part_of_a_step(tiny_model_path, dtype):
 def test_benchmark_step_times_and_profiles_windowed_trajectories(tiny_model_path):
     out = run_script("benchmark_step.py", "--model", tiny_model_path, "--batch", "2", "--prompt-len", "8",
                      "--new-tokens", "2", "--seq-len", "40", "--generated-tokens", "6", "--train-batch", "2",
-                     "--micro-batch", "1", "--dtype", "float32", "--turns", "3", "--system-len", "10", "--profile")
-    assert "update (fwd+bwd+step" in out and "Self CPU" in out, out
+                     "--micro-batch", "1", "--dtype", "float32", "--turns", "3", "--system-len", "10", "--profile",
+                     "--checkpointing", "--no-critic")
+    assert "update (fwd+bwd+step, micro-batch 1, checkpointing)" in out and "Self CPU" in out, out
+    assert "peak memory of this process so far:" in out and "critic" not in out, out
     assert "aten::" in out  # the profiler's operator table
     with pytest.raises(AssertionError, match="too few"):  # turns too short for their replies: a clear stop
         run_script("benchmark_step.py", "--model", tiny_model_path, "--batch", "1", "--seq-len", "16",
