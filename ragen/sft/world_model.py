@@ -61,7 +61,9 @@ in the recipe's format, see step 1; 15 min on 2 busy cores, a plumbing check: 12
    the prediction that copies the current state (`copy/prediction/*`: a wall bump changes nothing, and
    targets, FrozenLake's start, goal and holes never move, so copying scores well above zero). On slippery
    FrozenLake the next state is one draw of the slips: exact match has a ceiling below 1. The first
-   `--score-turns` rows of the held-out file are scored (whole episodes in seed order).
+   `--score-turns` rows of the held-out file are scored (whole episodes in seed order). Held-out seeds are not
+   held-out boards (small boards repeat across seeds), so every score is also given over the held-out turns
+   whose state no training row shows (`unseen_states/*`, their number `unseen_states/turns`).
    Printed, and written to `<output>/score.json`.
 
 Output folder: `data/{train,test}.parquet`, `data/stats.json` and `data/command.json` (the arguments that made
@@ -343,9 +345,12 @@ def score_replies(replies: list[str], states: list[str], next_states: list[str],
 
 
 def score_model(model_path: str, data_file: Path, max_turns: int = 256, batch_size: int = 32,
-                max_new_tokens: int | None = None, engine_name: str = "torch", dtype: str = "auto") -> dict:
+                max_new_tokens: int | None = None, engine_name: str = "torch", dtype: str = "auto",
+                train_file: Path | None = None) -> dict:
     """Greedy world-model replies of `model_path` to the first `max_turns` turns of `data_file` (its rows'
-    prompts), scored by `score_replies`. `max_new_tokens` defaults to the longest true reply plus 32."""
+    prompts), scored by `score_replies`; given the training rows (`train_file`), scored again over the turns
+    whose state none of them shows (`unseen_states/*`). `max_new_tokens` defaults to the longest true reply
+    plus 32."""
     model_path = resolve_model_path(model_path)
     tokenizer = load_tokenizer(model_path)
     table = pq.read_table(data_file)
@@ -362,15 +367,24 @@ def score_model(model_path: str, data_file: Path, max_turns: int = 256, batch_si
     for start in range(0, len(prompts), batch_size):
         generated = engine.generate(prompts[start:start + batch_size], sampling).token_ids
         replies += [reply_text(tokenizer, ids, opening) for ids in generated]
-    scores = score_replies(replies, [row["state"] for row in rows], [row["next_state"] for row in rows],
-                           [row["actions"] for row in rows], reply_format["action_sep"],
-                           reply_format["max_actions_per_turn"])
+    def scored(picked: list[int]) -> dict[str, float]:
+        return score_replies([replies[i] for i in picked], [rows[i]["state"] for i in picked],
+                             [rows[i]["next_state"] for i in picked], [rows[i]["actions"] for i in picked],
+                             reply_format["action_sep"], reply_format["max_actions_per_turn"])
+
+    scores = scored(list(range(len(rows))))
+    if train_file is not None:
+        seen = set(pq.read_table(train_file, columns=["state"]).column("state").to_pylist())
+        unseen = [i for i, row in enumerate(rows) if row["state"] not in seen]
+        unseen_scores = scored(unseen) if unseen else {"turns": 0}
+        scores |= {f"unseen_states/{key}": value for key, value in unseen_scores.items()}
     return scores | {"model_path": model_path, "examples": replies[:3]}
 
 
 def format_scores(before: dict, after: dict) -> str:
     keys = [k for k in before if isinstance(before[k], float) and k in after]
-    lines = [f"{'held-out turns: ' + str(after['turns']):<44}{'before':>10}{'after':>10}"]
+    unseen = f" ({after['unseen_states/turns']} in no training state)" if "unseen_states/turns" in after else ""
+    lines = [f"{'held-out turns: ' + str(after['turns']) + unseen:<44}{'before':>10}{'after':>10}"]
     lines += [f"{key:<44}{before[key]:>10.3f}{after[key]:>10.3f}" for key in keys]
     return "\n".join(lines)
 
@@ -456,12 +470,12 @@ def run_stage(args: argparse.Namespace) -> dict:
     if before.get("scoring") != scoring:
         before = {"scoring": scoring, "score": score_model(base_model, data / "test.parquet", args.score_turns,
                                                            args.score_batch_size, engine_name=engine.name,
-                                                           dtype=engine.dtype)}
+                                                           dtype=engine.dtype, train_file=data / "train.parquet")}
         before_file.write_text(json.dumps(before, indent=2), encoding="utf-8")
     score = {"before": before["score"]}
     trained = finetune(args, base_model, data)
     score["after"] = score_model(str(trained), data / "test.parquet", args.score_turns, args.score_batch_size,
-                                 engine_name=engine.name, dtype=engine.dtype)
+                                 engine_name=engine.name, dtype=engine.dtype, train_file=data / "train.parquet")
     score["data"] = stats
     (args.output / "score.json").write_text(json.dumps(score, indent=2), encoding="utf-8")
     print(format_scores(score["before"], score["after"]))
@@ -522,13 +536,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     score.add_argument("--data", type=Path, required=True, help="a test.parquet of `data` or `stage`")
     score.add_argument("--model-path", required=True, help="the model to score (anything model_path takes)")
     score.add_argument("--engine", default="torch", choices=sorted(ROLLOUT_ENGINES), help="rollout engine")
+    score.add_argument("--train-data", type=Path,
+                       help="the train.parquet beside it: also score the turns whose state it never shows")
     score.add_argument("--json", type=Path, help="also write the scores here")
     args = parser.parse_args(argv)
     quiet_libraries()  # no weight-loading bars at every engine start
 
     if args.command == "score":
         result = score_model(args.model_path, args.data, args.score_turns, args.score_batch_size,
-                             engine_name=args.engine)
+                             engine_name=args.engine, train_file=args.train_data)
         print(json.dumps(result, indent=2))
         if args.json:
             args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -284,6 +285,21 @@ def test_score_model_generates_on_the_held_out_prompts(self_play, tiny_model_pat
     scores = world_model.score_model(tiny_model_path, path, max_turns=4, batch_size=2, max_new_tokens=8)
     assert scores["turns"] == min(4, table.num_rows) and len(scores["examples"]) == 3
     assert all(0.0 <= value <= 1.0 for key, value in scores.items() if isinstance(value, float))
+    assert not any(key.startswith("unseen_states/") for key in scores)  # no training rows given
+
+    # Given training rows, the turns whose state they show are scored again without them
+    states = table.column("state").to_pylist()[:4]
+    train = path.with_name("train_rows.parquet")
+    pq.write_table(pa.table({"state": states[:1]}), train)
+    again = world_model.score_model(tiny_model_path, path, max_turns=4, batch_size=2, max_new_tokens=8,
+                                     train_file=train)
+    assert again["unseen_states/turns"] == sum(state != states[0] for state in states) < 4
+    unseen = {key.removeprefix("unseen_states/") for key in again if key.startswith("unseen_states/")}
+    assert "observation/exact" in unseen and unseen <= set(scores)
+    pq.write_table(pa.table({"state": states}), train)  # every state seen: nothing left to score
+    assert {key: value for key, value in world_model.score_model(
+        tiny_model_path, path, max_turns=4, batch_size=2, max_new_tokens=8, train_file=train).items()
+        if key.startswith("unseen_states/")} == {"unseen_states/turns": 0}
 
 
 # ---- the stage -----------------------------------------------------------------------------------------
@@ -309,6 +325,7 @@ def test_stage_end_to_end(tmp_path, tiny_model_path, tokenizer, monkeypatch):
     assert score["data"]["train"]["rows"] == 4 and score["data"]["test"]["rows"] == 2
     assert score["before"]["written_spans"] == 0.0 and score["before"]["format_ok"] == 1.0  # REPLIES[0] each time
     assert score["after"]["turns"] == 2 and score["after"]["model_path"] == str(output / "model")
+    assert 0 <= score["before"]["unseen_states/turns"] == score["after"]["unseen_states/turns"] <= 2
     metrics = [json.loads(line) for line in (output / "model" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
     from safetensors.torch import load_file
