@@ -23,7 +23,9 @@ start states. A seed whose run already
 finished in `--out` with the same command (its `reproduce.json` says so) is read back, not trained again. A run
 that was interrupted (killed, or the laptop shut) with the same command resumes from its newest checkpoint
 (written every `--save-freq` steps, only the newest kept) and replays exactly what an uninterrupted run does,
-so a reproduction longer than one sitting can be run in pieces. A different command starts the seed anew.
+so a reproduction longer than one sitting can be run in pieces, on the same kind of machine: each sitting's code
+and compute dtype are recorded (`code`, `dtypes` in results.json), and a sitting whose `auto` dtype differs from
+the earlier ones' (bf16 on a GPU or a CPU with fast bf16, else fp32) says so. A different command starts the seed anew.
 Seeds may run at once in separate processes (`--seeds 1`, `--seeds 2`, ... with the same `--out` and
 arguments; each trains only its own seed, and its table of that seed alone is replaced later), after which
 `--seeds 1 2 ...` reads them back and writes the table of all. `--table` trains nothing and writes the table from
@@ -57,7 +59,7 @@ import pyarrow.parquet as pq
 from ragen.overrides import load_config
 from ragen.plot import read_metrics, series
 from verl.utils.checkpoint import latest_checkpoint
-from verl.utils.model import ModelNotFoundError, checkpoint_model
+from verl.utils.model import ModelNotFoundError, checkpoint_model, resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = {"actor/entropy": "policy entropy (nats)", "rollout/reward_std": "reward std (batch)",
@@ -127,7 +129,7 @@ def warm_start(recipe: str, seed: int, folder: Path, extra: list[str]) -> Path:
 
 def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> dict:
     """One training run; returns its record (`<run_dir>.reproduce.json`): the command, the wall time in seconds
-    over all its sittings, and the code each sitting ran (`code_version`)."""
+    over all its sittings, and the code and the compute dtype each sitting ran (`code_version`, `compute_dtype`)."""
     command = run_command(recipe, seed, run_dir, args.val_seed, overrides)
     done, started = bookkeeping(run_dir)
     if done.is_file() and json.loads(done.read_text(encoding="utf-8"))["command"] == command:
@@ -157,6 +159,14 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     if version not in earlier.setdefault("code", []):
         earlier["code"].append(version)
         started.write_text(json.dumps(earlier), encoding="utf-8")
+    dtype = compute_dtype(recipe, overrides)  # and its dtype: `auto` is bf16 or fp32 by the machine a sitting is on
+    if dtype not in earlier.setdefault("dtypes", []):
+        if earlier["dtypes"]:
+            print(f"[reproduce] seed {seed}: this sitting computes in {dtype}, earlier ones in "
+                  f"{', '.join(earlier['dtypes'])}: the run mixes dtypes (actor_rollout_ref.model.dtype and "
+                  "actor_rollout_ref.rollout.dtype set one for every machine)", flush=True)
+        earlier["dtypes"].append(dtype)
+        started.write_text(json.dumps(earlier), encoding="utf-8")
     print(f"[reproduce] {' '.join(command)}", flush=True)
     start = time.time()
     with open(run_dir.parent / f"seed_{seed}.log", "a", encoding="utf-8") as log:
@@ -169,7 +179,7 @@ def train(recipe: str, seed: int, run_dir: Path, args, overrides: list[str]) -> 
     if returncode != 0:
         sys.exit(f"[reproduce] the run with seed {seed} failed (exit {returncode}): see {log.name}; the same "
                  "command resumes it from its newest checkpoint")
-    record = {"wall_time_s": wall, "command": command, "code": earlier["code"]}
+    record = {"wall_time_s": wall, "command": command, "code": earlier["code"], "dtypes": earlier["dtypes"]}
     if getattr(args, "test_seed", None) is not None:
         record["test"] = final_test(recipe, run_dir, args, overrides)
     if getattr(args, "keep_model", False):
@@ -362,6 +372,11 @@ def provenance(recipe: str, overrides: list[str], machine: str | None = None) ->
             "date": time.strftime("%Y-%m-%d")}
 
 
+def compute_dtype(recipe: str, overrides: list[str]) -> str:
+    """The actor's compute dtype on this machine for the recipe with `overrides` (`auto` made concrete)."""
+    return resolve_dtype(str(load_config(recipe, overrides).actor_rollout_ref.model.dtype))
+
+
 def code_version() -> str:
     """The checkout's commit, `-dirty` when files differ from it: what a sitting of a run trains with."""
     try:
@@ -408,6 +423,7 @@ def summarise(runs: dict[int, dict], recipe: str, args, baselines: dict[str, dic
             "overrides": args.overrides, "warm_start": getattr(args, "warm_start", False),
             "warm_start_args": getattr(args, "warm_start_args", []), "wall_time_s": {seed: run["wall_time_s"] for seed, run in runs.items()},
             "code": {seed: run["code"] for seed, run in runs.items()},
+            "dtypes": {seed: run.get("dtypes", []) for seed, run in runs.items()},  # []: not recorded
             "steps": {seed: max(run["val"][tags[0]]) for seed, run in runs.items()}, "val_success": table,
             "interrupted": [seed for seed, run in runs.items() if not run.get("finished", True)],
             "baselines": baselines,
@@ -634,7 +650,7 @@ def main() -> None:
         wall = record["wall_time_s"]
         rows = read_metrics(run_dir)
         runs[seed] = {"val": success_curves(rows, "val-env"), "train": success_curves(rows, "train"),
-                      "wall_time_s": wall, "rows": rows, "code": record["code"],
+                      "wall_time_s": wall, "rows": rows, "code": record["code"], "dtypes": record.get("dtypes", []),
                       "finished": record.get("finished", True), "test": record.get("test")}
         if not runs[seed]["val"]:
             sys.exit(f"[reproduce] seed {seed}: no validation in {run_dir}/metrics.jsonl yet, nothing to tabulate")

@@ -17,6 +17,18 @@ REPO = Path(__file__).parents[1]
 spec = importlib.util.spec_from_file_location("reproduce", REPO / "scripts" / "reproduce.py")
 reproduce = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reproduce)
+compute_dtype = reproduce.compute_dtype
+
+
+@pytest.fixture(autouse=True)
+def stand_in_overrides_have_no_config(monkeypatch):
+    """The stand-ins for train.sh below take overrides that are no recipe's keys: a sitting's dtype is fp32."""
+    monkeypatch.setattr(reproduce, "compute_dtype", lambda recipe, overrides: "float32")
+
+
+def test_a_sittings_dtype_is_the_recipes_made_concrete_here():
+    assert compute_dtype("bandit", ["actor_rollout_ref.model.dtype=bfloat16"]) == "bfloat16"
+    assert compute_dtype("bandit", []) == reproduce.resolve_dtype("auto") in ("bfloat16", "float32")
 
 
 def fake_rows(final_success: float, entropy_end: float) -> list[dict]:
@@ -78,6 +90,8 @@ def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, 
                                                                              *overrides])
     args = argparse.Namespace(val_seed=5_000_000, save_freq=1)
     run_dir = tmp_path / "runs" / "seed_1"
+    first = ["float32"]  # the first sitting on a CPU without fast bf16, the later ones on a CPU with it
+    monkeypatch.setattr(reproduce, "compute_dtype", lambda recipe, overrides: first.pop() if first else "bfloat16")
 
     with pytest.raises(SystemExit, match="resumes it"):
         reproduce.train("bandit", 1, run_dir, args, ["a=1"])
@@ -85,10 +99,13 @@ def test_an_interrupted_run_resumes_and_a_changed_command_starts_anew(tmp_path, 
     assert (run_dir / "global_step_1").is_dir() and not done.exists()
 
     record = reproduce.train("bandit", 1, run_dir, args, ["a=1"])  # same command: continues, keeps the checkpoint
-    assert "resuming the interrupted run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resuming the interrupted run" in out
+    assert "this sitting computes in bfloat16, earlier ones in float32: the run mixes dtypes" in out
     assert done.is_file() and not (run_dir / "global_step_1").exists()  # weights removed
     assert record == json.loads(done.read_text()) and record["wall_time_s"] > 0
     assert record["code"] == [reproduce.code_version()]  # both sittings ran this checkout
+    assert record["dtypes"] == ["float32", "bfloat16"]
 
     assert reproduce.train("bandit", 1, run_dir, args, ["a=1"]) == record  # finished: read back
     assert "reusing the finished run" in capsys.readouterr().out
