@@ -367,6 +367,7 @@ def score_model(model_path: str, data_file: Path, max_turns: int = 256, batch_si
     for start in range(0, len(prompts), batch_size):
         generated = engine.generate(prompts[start:start + batch_size], sampling).token_ids
         replies += [reply_text(tokenizer, ids, opening) for ids in generated]
+
     def scored(picked: list[int]) -> dict[str, float]:
         return score_replies([replies[i] for i in picked], [rows[i]["state"] for i in picked],
                              [rows[i]["next_state"] for i in picked], [rows[i]["actions"] for i in picked],
