@@ -22,7 +22,6 @@ The critic (the same backbone with a value head) is timed the same way: values, 
 """
 
 import argparse
-import resource
 import time
 
 import torch
@@ -31,6 +30,7 @@ from flops import matmul_peak
 from ragen.context_manager import window_layout
 from verl.protocol import DataProto
 from verl.trainer.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RolloutConfig
+from verl.utils import memory
 from verl.utils.model import load_tokenizer, resolve_model_path
 from verl.workers.actor import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
@@ -98,7 +98,7 @@ def main() -> None:
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
     else:
         timed_tokens(update, n * t, lambda: worker.update_actor(data))
-    print(f"peak memory of this process so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB")
+    print(f"peak memory of this process so far: {memory.peak_memory_gib(worker.device):.1f} GiB")
     if args.no_critic:
         return
 
